@@ -1,0 +1,50 @@
+# Everything a fresh machine needs goes through these targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+DB ?= var/memory.db
+
+.PHONY: run test lint typecheck check protos buf clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# buf (for `buf lint`) ships on npm; without npm the lint test is skipped.
+$(BUF):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION); \
+	else \
+		echo "npm not found: buf lint will be skipped"; \
+	fi
+
+buf: $(BUF)
+
+run: $(STAMP)
+	@mkdir -p $(dir $(DB))
+	$(BIN)/memory-sidecar serve --db $(DB)
+
+test: $(STAMP) buf
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) buf
+	$(BIN)/ruff check sidecar tests scripts
+	$(BIN)/ruff format --check sidecar tests scripts
+	@if [ -x $(BUF) ]; then $(BUF) lint; fi
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# Exactly what CI runs (.ci/run).
+check: lint typecheck test
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from sidecar.cli import main
+
+sys.exit(main())

@@ -1,0 +1,256 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_UNSPECIFIED: _ClassVar[Tier]
+    TIER_MEMORY: _ClassVar[Tier]
+    TIER_USER: _ClassVar[Tier]
+
+class KeywordStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEYWORD_STRATEGY_UNSPECIFIED: _ClassVar[KeywordStrategy]
+    KEYWORD_STRATEGY_LOCAL: _ClassVar[KeywordStrategy]
+    KEYWORD_STRATEGY_LLM: _ClassVar[KeywordStrategy]
+
+class TokenCounter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_COUNTER_UNSPECIFIED: _ClassVar[TokenCounter]
+    TOKEN_COUNTER_TIKTOKEN_CL100K_BASE: _ClassVar[TokenCounter]
+    TOKEN_COUNTER_CHARS_DIV_4: _ClassVar[TokenCounter]
+TIER_UNSPECIFIED: Tier
+TIER_MEMORY: Tier
+TIER_USER: Tier
+KEYWORD_STRATEGY_UNSPECIFIED: KeywordStrategy
+KEYWORD_STRATEGY_LOCAL: KeywordStrategy
+KEYWORD_STRATEGY_LLM: KeywordStrategy
+TOKEN_COUNTER_UNSPECIFIED: TokenCounter
+TOKEN_COUNTER_TIKTOKEN_CL100K_BASE: TokenCounter
+TOKEN_COUNTER_CHARS_DIV_4: TokenCounter
+
+class Scope(_message.Message):
+    __slots__ = ("agent_id", "user_id")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    user_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+
+class Memory(_message.Message):
+    __slots__ = ("id", "tier", "content", "category", "confidence", "created_at", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tier: Tier
+    content: str
+    category: str
+    confidence: float
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class TierUsage(_message.Message):
+    __slots__ = ("tier", "used_chars", "limit_chars", "entry_count", "enabled")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    USED_CHARS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    used_chars: int
+    limit_chars: int
+    entry_count: int
+    enabled: bool
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., used_chars: _Optional[int] = ..., limit_chars: _Optional[int] = ..., entry_count: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
+
+class AddMemoryRequest(_message.Message):
+    __slots__ = ("scope", "tier", "content", "category", "confidence")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    tier: Tier
+    content: str
+    category: str
+    confidence: float
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
+
+class AddMemoryResponse(_message.Message):
+    __slots__ = ("memory", "usage", "created")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    usage: TierUsage
+    created: bool
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class UpdateMemoryRequest(_message.Message):
+    __slots__ = ("scope", "id", "content", "category", "confidence")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    id: str
+    content: str
+    category: str
+    confidence: float
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
+
+class UpdateMemoryResponse(_message.Message):
+    __slots__ = ("memory", "usage")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    usage: TierUsage
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
+
+class DeleteMemoryRequest(_message.Message):
+    __slots__ = ("scope", "id")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    id: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
+
+class DeleteMemoryResponse(_message.Message):
+    __slots__ = ("memory", "usage")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    usage: TierUsage
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
+
+class GetMemoriesRequest(_message.Message):
+    __slots__ = ("scope", "tier", "category")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    tier: Tier
+    category: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ...) -> None: ...
+
+class GetMemoriesResponse(_message.Message):
+    __slots__ = ("memories", "usage")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    memories: _containers.RepeatedCompositeFieldContainer[Memory]
+    usage: _containers.RepeatedCompositeFieldContainer[TierUsage]
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+
+class SearchMemoriesRequest(_message.Message):
+    __slots__ = ("scope", "query", "tier", "category", "limit", "match_all")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MATCH_ALL_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    query: str
+    tier: Tier
+    category: str
+    limit: int
+    match_all: bool
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., query: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., limit: _Optional[int] = ..., match_all: _Optional[bool] = ...) -> None: ...
+
+class SearchHit(_message.Message):
+    __slots__ = ("memory", "score")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    score: float
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
+
+class SearchMemoriesResponse(_message.Message):
+    __slots__ = ("hits",)
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ...) -> None: ...
+
+class InjectForTurnRequest(_message.Message):
+    __slots__ = ("scope", "session_id", "user_message", "recent_messages", "keywords", "strategy", "max_memories", "max_tokens")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RECENT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    KEYWORDS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    session_id: str
+    user_message: str
+    recent_messages: _containers.RepeatedScalarFieldContainer[str]
+    keywords: _containers.RepeatedScalarFieldContainer[str]
+    strategy: KeywordStrategy
+    max_memories: int
+    max_tokens: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., user_message: _Optional[str] = ..., recent_messages: _Optional[_Iterable[str]] = ..., keywords: _Optional[_Iterable[str]] = ..., strategy: _Optional[_Union[KeywordStrategy, str]] = ..., max_memories: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class InjectForTurnResponse(_message.Message):
+    __slots__ = ("system_block", "turn_context", "snapshot_generation", "snapshot_sha256", "cache_hit", "injected_memory_ids", "system_block_tokens", "turn_context_tokens", "token_counter", "usage")
+    SYSTEM_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TURN_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    INJECTED_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TURN_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    system_block: str
+    turn_context: str
+    snapshot_generation: int
+    snapshot_sha256: str
+    cache_hit: bool
+    injected_memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    system_block_tokens: int
+    turn_context_tokens: int
+    token_counter: TokenCounter
+    usage: _containers.RepeatedCompositeFieldContainer[TierUsage]
+    def __init__(self, system_block: _Optional[str] = ..., turn_context: _Optional[str] = ..., snapshot_generation: _Optional[int] = ..., snapshot_sha256: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., injected_memory_ids: _Optional[_Iterable[str]] = ..., system_block_tokens: _Optional[int] = ..., turn_context_tokens: _Optional[int] = ..., token_counter: _Optional[_Union[TokenCounter, str]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+
+class NotifyCompactionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class NotifyCompactionResponse(_message.Message):
+    __slots__ = ("invalidated",)
+    INVALIDATED_FIELD_NUMBER: _ClassVar[int]
+    invalidated: bool
+    def __init__(self, invalidated: _Optional[bool] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,286 @@
+"""Configuration: read once, validated, immutable, passed in.
+
+Sources, lowest precedence first: the YAML file, the environment, the
+command line. The file looks like:
+
+    server:
+      db: var/memory.db
+      listen: 127.0.0.1:50051
+    defaults:                  # every agent
+      memory_char_limit: 2200
+    agents:                    # per agent_id, over the defaults
+      coder:
+        user_profile_enabled: false
+
+Environment variables are MEMORY_SIDECAR_ plus a key in upper case, for the
+`server` keys and the `defaults` keys alike (MEMORY_SIDECAR_LISTEN,
+MEMORY_SIDECAR_MEMORY_CHAR_LIMIT). An environment or flag value overrides the
+file's value of the same key; a per-agent entry in the file still overrides
+the defaults for that agent. This module is the only one that reads the
+environment, and only through the mapping it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from sidecar.errors import ConfigError
+from sidecar.memory import Tier
+from sidecar.store import TierPolicy
+
+ENV_PREFIX = "MEMORY_SIDECAR_"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Per-agent behaviour. Names follow the seeds (cagent, DeerFlow)."""
+
+    memory_enabled: bool = True
+    user_profile_enabled: bool = True
+    memory_char_limit: int = 2200
+    user_char_limit: int = 1375
+    inject_memories: bool = True
+    inject_memories_strategy: str = "local"
+    max_inject_memories: int = 20
+    max_injection_tokens: int = 2000
+    similarity_weight: float = 0.6
+    confidence_weight: float = 0.4
+    snapshot_refresh: str = "on_write"
+    session_idle_ttl_seconds: float = 3600.0
+    max_sessions: int = 10_000
+
+    def policy(self, tier: Tier) -> TierPolicy:
+        if tier is Tier.MEMORY:
+            return TierPolicy(self.memory_char_limit, self.memory_enabled)
+        return TierPolicy(self.user_char_limit, self.user_profile_enabled)
+
+    def policies(self) -> dict[Tier, TierPolicy]:
+        return {tier: self.policy(tier) for tier in Tier}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    db: str = "var/memory.db"
+    listen: str = "127.0.0.1:50051"
+    health_listen: str = ""
+    metrics_listen: str = ""
+    grace_seconds: float = 10.0
+    durability: str = "normal"
+    busy_timeout_ms: int = 5000
+    max_workers: int = 16
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    defaults: AgentSettings = field(default_factory=AgentSettings)
+    agents: Mapping[str, AgentSettings] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def for_agent(self, agent_id: str) -> AgentSettings:
+        return self.agents.get(agent_id, self.defaults)
+
+
+# --- validation -------------------------------------------------------------
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= low else f"must be at least {low:g}"
+
+
+def _between(low: float, high: float) -> Callable[[Any], str | None]:
+    return lambda v: None if low <= v <= high else f"must be between {low:g} and {high:g}"
+
+
+def _address(value: str) -> str | None:
+    if value == "":
+        return None
+    if value.startswith("unix:"):
+        return None if len(value) > len("unix:") else "a unix: address needs a path"
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return "must be HOST:PORT (port 0-65535) or unix:/path"
+    return None
+
+
+_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "memory_char_limit": _at_least(0),
+    "user_char_limit": _at_least(0),
+    "inject_memories_strategy": _one_of("local", "llm"),
+    "max_inject_memories": _at_least(0),
+    "max_injection_tokens": _at_least(0),
+    "similarity_weight": _between(0, 1),
+    "confidence_weight": _between(0, 1),
+    "snapshot_refresh": _one_of("on_write", "on_compaction"),
+    "session_idle_ttl_seconds": _at_least(1),
+    "max_sessions": _at_least(1),
+    "listen": lambda v: "must not be empty" if not v else _address(v),
+    "health_listen": _address,
+    "metrics_listen": _address,
+    "grace_seconds": _at_least(0),
+    "durability": _one_of("normal", "full"),
+    "busy_timeout_ms": _at_least(0),
+    "max_workers": _at_least(1),
+    "log_level": _one_of("debug", "info", "warning", "error"),
+    "db": lambda v: None if v else "must not be empty",
+}
+
+
+def _coerce(key: str, kind: Any, value: Any, *, from_text: bool) -> Any:
+    """Check (YAML) or parse (environment, flags) one value of a known type."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and str(value).lower() in ("1", "true", "yes", "on"):
+            return True
+        if from_text and str(value).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if from_text:
+            try:
+                return int(str(value).replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif from_text:
+            try:
+                number = float(str(value))
+            except ValueError:
+                raise ConfigError(key, f"must be a number, got {value!r}") from None
+        else:
+            raise ConfigError(key, f"must be a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(key, f"must be a finite number, got {value!r}")
+        return number
+    if isinstance(value, str):
+        return value
+    if from_text:
+        return str(value)
+    raise ConfigError(key, f"must be a string, got {value!r}")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    kinds = {"bool": bool, "int": int, "float": float, "str": str}
+    return {f.name: kinds[str(f.type)] for f in dataclasses.fields(cls)}
+
+
+_AGENT_KEYS = _field_types(AgentSettings)
+_SERVER_KEYS = _field_types(ServerSettings)
+
+
+def _check_one(path: str, key: str, kind: Any, value: Any, *, from_text: bool) -> Any:
+    value = _coerce(path, kind, value, from_text=from_text)
+    check = _CHECKS.get(key)
+    problem = check(value) if check else None
+    if problem:
+        raise ConfigError(path, f"{problem}, got {value!r}")
+    return value
+
+
+def _validated(
+    prefix: str, kinds: Mapping[str, Any], values: Mapping[str, Any], *, from_text: bool
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if key not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise ConfigError(path, f"unknown key (known keys: {known})")
+        out[key] = _check_one(path, key, kinds[key], value, from_text=from_text)
+    return out
+
+
+def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_weights(path: str, settings: AgentSettings) -> None:
+    if settings.similarity_weight + settings.confidence_weight <= 0:
+        raise ConfigError(
+            f"{path}similarity_weight", "similarity_weight and confidence_weight are both 0"
+        )
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration from a file, an environment and flags.
+
+    `flags` holds server keys given on the command line (None values are
+    ignored). Raises ConfigError naming the key on any invalid value.
+    """
+    environ = environ or {}
+    document: Mapping[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        try:
+            document = _mapping("config file", yaml.safe_load(text))
+        except yaml.YAMLError as exc:
+            raise ConfigError("config file", f"{path} is not valid YAML: {exc}") from None
+    for key in document:
+        if key not in ("server", "defaults", "agents"):
+            raise ConfigError(str(key), "unknown top-level key (known: server, defaults, agents)")
+
+    server = _validated(
+        "server.", _SERVER_KEYS, _mapping("server", document.get("server")), from_text=False
+    )
+    defaults = _validated(
+        "defaults.", _AGENT_KEYS, _mapping("defaults", document.get("defaults")),
+        from_text=False,
+    )
+    for section, kinds in ((server, _SERVER_KEYS), (defaults, _AGENT_KEYS)):
+        for key, kind in kinds.items():
+            env_key = f"{ENV_PREFIX}{key.upper()}"
+            if env_key in environ:
+                section[key] = _check_one(env_key, key, kind, environ[env_key], from_text=True)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            flag = f"--{key.replace('_', '-')}"
+            if key not in _SERVER_KEYS:
+                raise ConfigError(flag, "unknown flag")
+            server[key] = _check_one(flag, key, _SERVER_KEYS[key], value, from_text=True)
+
+    default_settings = AgentSettings(**defaults)
+    _check_weights("defaults.", default_settings)
+    agents: dict[str, AgentSettings] = {}
+    for agent_id, overrides in _mapping("agents", document.get("agents")).items():
+        prefix = f"agents.{agent_id}."
+        values = _validated(prefix, _AGENT_KEYS, _mapping(prefix[:-1], overrides),
+                            from_text=False)
+        agents[str(agent_id)] = dataclasses.replace(default_settings, **values)
+        _check_weights(prefix, agents[str(agent_id)])
+    return Config(
+        server=ServerSettings(**server),
+        defaults=default_settings,
+        agents=MappingProxyType(agents),
+    )

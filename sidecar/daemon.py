@@ -1,0 +1,70 @@
+"""`memory-sidecar serve`: open, migrate, serve, and shut down on a signal."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from sidecar.config import Config
+from sidecar.server import Sidecar
+from sidecar.store import Store
+
+log = logging.getLogger("sidecar")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def open_store(config: Config) -> Store:
+    server = config.server
+    Path(server.db).parent.mkdir(parents=True, exist_ok=True)
+    return Store(
+        server.db,
+        synchronous=server.durability,
+        busy_timeout_ms=server.busy_timeout_ms,
+        # One connection per RPC worker, and a few for start-up and tools.
+        max_connections=server.max_workers + 4,
+    )
+
+
+def serve(config: Config, *, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM or SIGINT (or `stop` is set); return the exit code."""
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: the shutdown itself takes locks and waits on
+        # threads, neither of which is safe inside a signal handler.
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    store = open_store(config)
+    version = store.open()
+    sidecar = Sidecar(config, store)
+    try:
+        addresses = sidecar.start()
+    except Exception:
+        store.close()
+        raise
+    log.info(
+        "serving api=%s health=%s metrics=%s db=%s schema=%d",
+        addresses.api, addresses.health or "-", addresses.metrics or "-",
+        config.server.db, version,
+    )
+    stop.wait()
+    log.info("shutting down: draining for up to %gs", config.server.grace_seconds)
+    sidecar.stop()
+    store.close()
+    log.info("stopped")
+    return 0

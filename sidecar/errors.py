@@ -1,0 +1,101 @@
+"""The one exception root and its typed leaves.
+
+Domain code raises these; `sidecar.interceptors` is the one place that turns
+them into gRPC status codes with a `google.rpc.ErrorInfo`. Each leaf carries a
+canonical status-code name (not a grpc import: the domain never imports grpc),
+a stable machine-readable `reason`, and string metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+DOMAIN = "memory.v1"
+
+
+class SidecarError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    code: ClassVar[str] = "INTERNAL"
+    default_reason: ClassVar[str] = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        metadata: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.metadata = {k: str(v) for k, v in (metadata or {}).items()}
+
+
+class InvalidArgument(SidecarError):
+    code = "INVALID_ARGUMENT"
+    default_reason = "INVALID_ARGUMENT"
+
+
+class NotFound(SidecarError):
+    code = "NOT_FOUND"
+    default_reason = "MEMORY_NOT_FOUND"
+
+
+class FailedPrecondition(SidecarError):
+    code = "FAILED_PRECONDITION"
+    default_reason = "FAILED_PRECONDITION"
+
+
+class Unimplemented(SidecarError):
+    code = "UNIMPLEMENTED"
+    default_reason = "NOT_IMPLEMENTED"
+
+
+class Unavailable(SidecarError):
+    code = "UNAVAILABLE"
+    default_reason = "UNAVAILABLE"
+
+
+class BudgetExceeded(FailedPrecondition):
+    """A write would push a tier past its character budget."""
+
+    default_reason = "TIER_BUDGET_EXCEEDED"
+
+    def __init__(self, *, tier: str, label: str, used: int, limit: int, requested: int) -> None:
+        free = max(limit - used, 0)
+        message = (
+            f"{label} at {used:,}/{limit:,} chars; this entry needs {requested:,} more "
+            f"but only {free:,} are free; replace or remove an entry first"
+        )
+        super().__init__(
+            message,
+            metadata={
+                "tier": tier,
+                "used_chars": used,
+                "limit_chars": limit,
+                "requested_chars": requested,
+            },
+        )
+        self.tier = tier
+        self.used = used
+        self.limit = limit
+        self.requested = requested
+
+
+class ConfigError(SidecarError):
+    """Invalid configuration: the message names the offending key."""
+
+    default_reason = "INVALID_CONFIG"
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config: {key}: {problem}", metadata={"key": key})
+        self.key = key
+
+
+class StoreError(SidecarError):
+    """The database cannot be used as it is (unknown schema, newer version)."""
+
+    code = "FAILED_PRECONDITION"
+    default_reason = "STORE_UNUSABLE"

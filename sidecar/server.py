@@ -1,0 +1,157 @@
+"""Building and stopping the listeners: API, health, metrics.
+
+Built separately from running (gRPC's own examples do the same), so tests
+bind port 0 and talk to a real channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.config import Config
+from sidecar.errors import SidecarError
+from sidecar.interceptors import ErrorInterceptor
+from sidecar.metrics import Metrics
+from sidecar.service import SERVICE_NAME, MemoryService
+from sidecar.store import Store
+
+log = logging.getLogger(__name__)
+
+# grpcio sets SO_REUSEPORT by default, which lets a second daemon bind the
+# same port and silently take half the traffic. A port in use must be an error.
+_SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+class BindError(SidecarError):
+    """A listener could not bind its address."""
+
+    default_reason = "BIND_FAILED"
+
+
+def _bind(server: grpc.Server, address: str, what: str) -> int:
+    try:
+        port: int = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise BindError(f"cannot listen for {what} on {address}: {exc}") from None
+    if port == 0 and not address.startswith("unix:"):
+        raise BindError(f"cannot listen for {what} on {address}: address in use or invalid")
+    return port
+
+
+def _display(address: str, port: int) -> str:
+    if address.startswith("unix:"):
+        return address
+    host = address.rpartition(":")[0]
+    return f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    api: str
+    health: str | None
+    metrics: str | None
+
+
+class Sidecar:
+    """The running daemon's listeners around one store.
+
+    >>> sidecar = Sidecar(config, store)
+    >>> addresses = sidecar.start()      # binds, then reports SERVING
+    >>> sidecar.stop(grace=10)           # NOT_SERVING, drain, close
+    """
+
+    def __init__(self, config: Config, store: Store, *, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self.health = health.HealthServicer()
+        workers = config.server.max_workers
+        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
+        self._api = grpc.server(
+            self._pool, interceptors=[ErrorInterceptor()], options=_SERVER_OPTIONS
+        )
+        pb_grpc.add_MemoryServiceServicer_to_server(MemoryService(config, store), self._api)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._api
+        )
+        self._health_server: grpc.Server | None = None
+        self._metrics_server: Any = None
+        self._stopped = threading.Event()
+
+    def start(self) -> Addresses:
+        """Bind every listener, start serving, and report SERVING.
+
+        Call after the store is open and migrated: SERVING means ready.
+        """
+        server = self.config.server
+        try:
+            api = _display(server.listen, _bind(self._api, server.listen, "the API"))
+            health_address = None
+            if server.health_listen:
+                # A listener of its own for Kubernetes probes, which dial the
+                # pod IP: it can bind all interfaces while the API stays on
+                # loopback, and it serves health and nothing else.
+                self._health_server = grpc.server(
+                    futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+                    options=_SERVER_OPTIONS,
+                )
+                health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+                port = _bind(self._health_server, server.health_listen, "health checks")
+                health_address = _display(server.health_listen, port)
+            metrics_address = None
+            if server.metrics_listen:
+                host, _, port_text = server.metrics_listen.rpartition(":")
+                try:
+                    self._metrics_server, _thread = start_http_server(
+                        int(port_text), addr=host.strip("[]"), registry=self.metrics.registry
+                    )
+                except OSError as exc:
+                    raise BindError(
+                        f"cannot listen for metrics on {server.metrics_listen}: {exc.strerror}"
+                    ) from None
+                metrics_address = f"{host}:{self._metrics_server.server_port}"
+        except BindError:
+            self._close_listeners()
+            raise
+        self._api.start()
+        if self._health_server is not None:
+            self._health_server.start()
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return Addresses(api=api, health=health_address, metrics=metrics_address)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight ones finish.
+
+        Returns once every in-flight call has finished or `grace` seconds
+        have passed, whichever is first. Idempotent.
+        """
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        # Probes see NOT_SERVING first, so traffic is steered away while the
+        # API drains; the health listener stays up until the API is done.
+        self.health.enter_graceful_shutdown()
+        grace = self.config.server.grace_seconds if grace is None else grace
+        self._api.stop(grace).wait()
+        self._close_listeners()
+
+    def _close_listeners(self) -> None:
+        if self._health_server is not None:
+            self._health_server.stop(None).wait()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        self._pool.shutdown(wait=False)

@@ -1,0 +1,433 @@
+"""The store: the only module (with its SQLite helper) that touches Peewee.
+
+Every public method opens a pooled connection for its own duration, so the
+store is safe to call from any thread. Writes that read before they write
+(budget checks, de-duplication) run in one BEGIN IMMEDIATE transaction, so
+concurrent writers can never push a tier over its budget together.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import uuid
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import peewee
+from peewee import fn
+
+from sidecar import _sqlite
+from sidecar.clock import Clock, from_micros, system_clock, to_micros
+from sidecar.errors import BudgetExceeded, FailedPrecondition, NotFound, StoreError, Unavailable
+from sidecar.memory import (
+    SEPARATOR_CHARS,
+    Memory,
+    Scope,
+    Tier,
+    Usage,
+    rendered_chars,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = _sqlite.MIGRATIONS[-1][0]
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    """What the calling agent's configuration says about one tier."""
+
+    limit_chars: int
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyEntry:
+    """One entry brought in from another store (cagent's memory.db)."""
+
+    id: str
+    content: str
+    category: str
+    created_at_micros: int
+
+
+@dataclass(slots=True)
+class ImportReport:
+    imported: list[LegacyEntry] = field(default_factory=list)
+    # (entry, why it was left out)
+    skipped: list[tuple[LegacyEntry, str]] = field(default_factory=list)
+
+
+class _Row(peewee.Model):
+    """Column layout of `memories` (schema 2). Bound per store, see _bind."""
+
+    seq = peewee.AutoField()
+    memory_id = peewee.TextField(column_name="id", unique=True)
+    tier = peewee.TextField()
+    owner = peewee.TextField()
+    content = peewee.TextField()
+    content_chars = peewee.IntegerField()
+    content_sha256 = peewee.TextField()
+    category = peewee.TextField(default="")
+    confidence = peewee.FloatField(default=1.0)
+    created_at = peewee.BigIntegerField()
+    updated_at = peewee.BigIntegerField()
+
+
+def _bind(db: peewee.Database) -> type[_Row]:
+    # A subclass per store instead of _Row.bind(db): binding mutates the class,
+    # and two stores in one process (tests, the import command) must not share.
+    meta = type("Meta", (), {"database": db, "table_name": "memories"})
+    return type("MemoryRow", (_Row,), {"Meta": meta, "__module__": __name__})
+
+
+def _to_memory(row: _Row) -> Memory:
+    return Memory(
+        id=row.memory_id,
+        tier=Tier(row.tier),
+        content=row.content,
+        category=row.category,
+        confidence=row.confidence,
+        created_at=from_micros(row.created_at),
+        updated_at=from_micros(row.updated_at),
+    )
+
+
+class Store:
+    """Tiered memories in one SQLite file.
+
+    >>> store = Store("memory.db"); store.open()
+    >>> memory, usage, created = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0,
+    ...                                    TierPolicy(2200))
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "normal",
+        busy_timeout_ms: int = 5000,
+        max_connections: int = 64,
+        clock: Clock = system_clock,
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._db = _sqlite.open_database(
+            path,
+            synchronous=synchronous,
+            busy_timeout_ms=busy_timeout_ms,
+            max_connections=max_connections,
+        )
+        self._rows = _bind(self._db)
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def open(self) -> int:
+        """Connect and bring the schema up to date; return the schema version."""
+        with self._guard(), self._db.connection_context():
+            return self._migrate()
+
+    def close(self) -> None:
+        """Close every pooled connection (the last close checkpoints the WAL)."""
+        self._db.close_all()
+
+    def schema_version(self) -> int:
+        with self._guard(), self._db.connection_context():
+            return self._current_version()
+
+    def integrity_check(self) -> str:
+        with self._guard(), self._db.connection_context():
+            row = self._db.execute_sql("PRAGMA integrity_check").fetchone()
+            return str(row[0])
+
+    def _current_version(self) -> int:
+        tables = _sqlite.table_names(self._db)
+        if _sqlite.SCHEMA_TABLE not in tables:
+            if "memories" in tables:
+                raise StoreError(
+                    f"{self.path} holds a 'memories' table but no schema version: it looks "
+                    "like a cagent memory.db; adopt it with `memory-sidecar import-cagent`"
+                )
+            if tables:
+                raise StoreError(
+                    f"{self.path} is not a memory-sidecar database "
+                    f"(it has tables {sorted(tables)})"
+                )
+            return 0
+        row = self._db.execute_sql(f"SELECT version FROM {_sqlite.SCHEMA_TABLE}").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> int:
+        with _sqlite.write_transaction(self._db):
+            current = self._current_version()
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {current}, newer than this "
+                    f"memory-sidecar understands ({SCHEMA_VERSION}); upgrade memory-sidecar"
+                )
+            for version, what, step in _sqlite.MIGRATIONS:
+                if version <= current:
+                    continue
+                log.info("migrating %s to schema %d (%s)", self.path, version, what)
+                step(self._db)
+                self._db.execute_sql(
+                    f"UPDATE {_sqlite.SCHEMA_TABLE} SET version = ?", (version,)
+                )
+                current = version
+        return current
+
+    def _guard(self) -> _ErrorGuard:
+        return _ErrorGuard(self.path)
+
+    # --- writes -------------------------------------------------------------
+
+    def add(
+        self,
+        scope: Scope,
+        tier: Tier,
+        content: str,
+        category: str,
+        confidence: float,
+        policy: TierPolicy,
+    ) -> tuple[Memory, Usage, bool]:
+        """Store an entry; return it, the tier's usage after, and whether it is new.
+
+        Content identical to an entry of the same scope and tier returns that
+        entry unchanged (created = False).
+        """
+        _require_enabled(tier, policy)
+        owner = scope.owner(tier)
+        digest = _sqlite.content_digest(content)
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            existing = (
+                Row.select()
+                .where(
+                    (Row.owner == owner) & (Row.tier == tier.value)
+                    & (Row.content_sha256 == digest) & (Row.content == content)
+                )
+                .order_by(Row.seq)
+                .first()
+            )
+            usage = self._usage(owner, tier)
+            if existing is not None:
+                return _to_memory(existing), usage, False
+            added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
+            _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
+            now = to_micros(self._clock())
+            row = Row.create(
+                memory_id=str(uuid.uuid4()),
+                tier=tier.value,
+                owner=owner,
+                content=content,
+                content_chars=len(content),
+                content_sha256=digest,
+                category=category,
+                confidence=confidence,
+                created_at=now,
+                updated_at=now,
+            )
+            after = Usage(usage.used_chars + added, usage.entry_count + 1)
+            return _to_memory(row), after, True
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        policies: Mapping[Tier, TierPolicy],
+        *,
+        content: str | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+    ) -> tuple[Memory, Usage]:
+        """Change the given fields of an entry of this scope."""
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            row = self._find(scope, memory_id)
+            tier = Tier(row.tier)
+            policy = policies[tier]
+            _require_enabled(tier, policy)
+            usage = self._usage(row.owner, tier)
+            if content is not None and content != row.content:
+                delta = len(content) - row.content_chars
+                after = usage.used_chars + delta
+                # Only growth is refused: an entry may always shrink, even in
+                # a tier already over a budget that was lowered after the fact.
+                if delta > 0:
+                    _check_budget(tier, policy, usage.used_chars, after, delta)
+                usage = Usage(after, usage.entry_count)
+                row.content = content
+                row.content_chars = len(content)
+                row.content_sha256 = _sqlite.content_digest(content)
+            if category is not None:
+                row.category = category
+            if confidence is not None:
+                row.confidence = confidence
+            row.updated_at = to_micros(self._clock())
+            row.save()
+            # Re-read so the caller sees exactly what was stored.
+            stored = Row.get(Row.seq == row.seq)
+            return _to_memory(stored), usage
+
+    def delete(self, scope: Scope, memory_id: str) -> tuple[Memory, Usage]:
+        """Remove an entry of this scope; return it as it was."""
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            row = self._find(scope, memory_id)
+            Row.delete().where(Row.seq == row.seq).execute()
+            tier = Tier(row.tier)
+            return _to_memory(row), self._usage(row.owner, tier)
+
+    def import_entries(
+        self, scope: Scope, tier: Tier, entries: Iterable[LegacyEntry], policy: TierPolicy
+    ) -> ImportReport:
+        """Adopt entries with their ids and times, all in one transaction.
+
+        Entries are taken in the order given; one that would overflow the tier,
+        duplicates an entry already there, or reuses an id already taken is
+        left out and reported, and the rest go on.
+        """
+        owner = scope.owner(tier)
+        report = ImportReport()
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            usage = self._usage(owner, tier)
+            used, count = usage.used_chars, usage.entry_count
+            for entry in entries:
+                digest = _sqlite.content_digest(entry.content)
+                if not entry.content:
+                    report.skipped.append((entry, "empty content"))
+                    continue
+                if Row.select().where(Row.memory_id == entry.id).exists():
+                    report.skipped.append((entry, "id already present"))
+                    continue
+                duplicate = Row.select().where(
+                    (Row.owner == owner) & (Row.tier == tier.value)
+                    & (Row.content_sha256 == digest) & (Row.content == entry.content)
+                ).exists()
+                if duplicate:
+                    report.skipped.append((entry, "identical entry already present"))
+                    continue
+                added = len(entry.content) + (SEPARATOR_CHARS if count else 0)
+                if policy.limit_chars and used + added > policy.limit_chars:
+                    report.skipped.append(
+                        (entry, f"does not fit: needs {added:,} chars, "
+                                f"{max(policy.limit_chars - used, 0):,} free")
+                    )
+                    continue
+                Row.create(
+                    memory_id=entry.id,
+                    tier=tier.value,
+                    owner=owner,
+                    content=entry.content,
+                    content_chars=len(entry.content),
+                    content_sha256=digest,
+                    category=entry.category,
+                    confidence=1.0,
+                    created_at=entry.created_at_micros,
+                    updated_at=entry.created_at_micros,
+                )
+                used, count = used + added, count + 1
+                report.imported.append(entry)
+        return report
+
+    # --- reads --------------------------------------------------------------
+
+    def list(
+        self, scope: Scope, tiers: Collection[Tier], category: str = ""
+    ) -> tuple[list[Memory], dict[Tier, Usage]]:
+        """Entries of the given tiers in insertion order, and each tier's usage.
+
+        One read transaction, so the list and the usage agree.
+        """
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), self._db.atomic():
+            query = Row.select().where(_scope_clause(Row, scope, tiers))
+            if category:
+                query = query.where(Row.category == category)
+            memories = [_to_memory(row) for row in query.order_by(Row.seq)]
+            usage = {tier: self._usage(scope.owner(tier), tier) for tier in tiers}
+        return memories, usage
+
+    def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
+        with self._guard(), self._db.connection_context(), self._db.atomic():
+            return {tier: self._usage(scope.owner(tier), tier) for tier in tiers}
+
+    # --- helpers (call inside a connection) ---------------------------------
+
+    def _usage(self, owner: str, tier: Tier) -> Usage:
+        Row = self._rows
+        chars, count = (
+            Row.select(fn.COALESCE(fn.SUM(Row.content_chars), 0), fn.COUNT(Row.seq))
+            .where((Row.owner == owner) & (Row.tier == tier.value))
+            .scalar(as_tuple=True)
+        )
+        return Usage(rendered_chars(int(chars), int(count)), int(count))
+
+    def _find(self, scope: Scope, memory_id: str) -> _Row:
+        Row = self._rows
+        row: _Row | None = (
+            Row.select()
+            .where((Row.memory_id == memory_id) & _scope_clause(Row, scope, tuple(Tier)))
+            .first()
+        )
+        if row is None:
+            # The same answer whether the id does not exist or belongs to
+            # another scope: a request never learns about other scopes.
+            raise NotFound(
+                f"no memory with id {memory_id!r} in this scope",
+                metadata={"id": memory_id},
+            )
+        return row
+
+
+def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
+    clause: Any = None
+    for tier in tiers:
+        part = (Row.tier == tier.value) & (Row.owner == scope.owner(tier))
+        clause = part if clause is None else (clause | part)
+    return clause
+
+
+def _require_enabled(tier: Tier, policy: TierPolicy) -> None:
+    if not policy.enabled:
+        raise FailedPrecondition(
+            f"the {tier.label} tier is disabled for this agent; writes to it are refused",
+            reason="TIER_DISABLED",
+            metadata={"tier": tier.value},
+        )
+
+
+def _check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: int) -> None:
+    if policy.limit_chars and after > policy.limit_chars:
+        raise BudgetExceeded(
+            tier=tier.value, label=tier.label, used=used, limit=policy.limit_chars,
+            requested=added,
+        )
+
+
+class _ErrorGuard:
+    """Turns driver errors that a client can act on into SidecarErrors."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, peewee.OperationalError | sqlite3.OperationalError):
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise Unavailable(
+                    "the database stayed locked past the busy timeout; retry",
+                    reason="DATABASE_BUSY",
+                ) from exc
+        if isinstance(exc, peewee.DatabaseError | sqlite3.DatabaseError) and (
+            "file is not a database" in str(exc)
+        ):
+            raise StoreError(f"{self.path} is not an SQLite database") from exc

@@ -1,0 +1,140 @@
+"""Shared fixtures: a real daemon on a free port over a real SQLite file."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from sidecar import config as config_mod
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.server import Addresses, Sidecar
+from sidecar.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Running:
+    sidecar: Sidecar
+    store: Store
+    addresses: Addresses
+    channel: grpc.Channel
+    stub: pb_grpc.MemoryServiceStub
+    db_path: Path
+
+    def add(self, content: str, **kwargs: Any) -> pb.AddMemoryResponse:
+        return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **kwargs))
+
+    def list(self, **kwargs: Any) -> pb.GetMemoriesResponse:
+        return self.stub.GetMemories(pb.GetMemoriesRequest(**kwargs))
+
+
+def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:
+    """A real Sidecar on 127.0.0.1:0 with its own store and channel."""
+    cfg_file = None
+    if yaml_text:
+        cfg_file = db_path.parent / f"{db_path.stem}-config.yaml"
+        cfg_file.write_text(yaml_text)
+    flags = {"db": str(db_path), "listen": "127.0.0.1:0", **server}
+    cfg = config_mod.load(cfg_file, environ={}, flags=flags)
+    store = Store(str(db_path), max_connections=cfg.server.max_workers + 4)
+    store.open()
+    sidecar = Sidecar(cfg, store)
+    addresses = sidecar.start()
+    channel = grpc.insecure_channel(addresses.api)
+    return Running(sidecar, store, addresses, channel,
+                   pb_grpc.MemoryServiceStub(channel), db_path)
+
+
+def stop_sidecar(running: Running) -> None:
+    running.channel.close()
+    running.sidecar.stop(grace=1)
+    running.store.close()
+
+
+@pytest.fixture
+def make_sidecar(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def make(yaml_text: str = "", *, name: str = "memory.db", **server: Any) -> Running:
+        running = start_sidecar(tmp_path / name, yaml_text, **server)
+        started.append(running)
+        return running
+
+    yield make
+    for running in reversed(started):
+        stop_sidecar(running)
+
+
+@pytest.fixture
+def sidecar(make_sidecar: Callable[..., Running]) -> Running:
+    return make_sidecar()
+
+
+def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo carried in a failed call's google.rpc.Status."""
+    status = rpc_status.from_call(error)
+    assert status is not None, f"no google.rpc.Status on {error.code()}: {error.details()}"
+    assert status.code == error.code().value[0]
+    assert status.message == error.details()
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            assert info.domain == "memory.v1"
+            return info
+    raise AssertionError(f"no ErrorInfo in {status}")
+
+
+# --- the daemon as a real subprocess -----------------------------------------
+
+_SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)")
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[str]
+    api: str
+    health: str
+    metrics: str
+    log: list[str]
+
+    def wait(self, timeout: float = 20) -> int:
+        code = self.process.wait(timeout)
+        assert self.process.stderr is not None
+        self.log.extend(self.process.stderr.read().splitlines())
+        return code
+
+
+def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
+    """Run `python -m sidecar serve ARGS` and wait until it reports serving."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    assert process.stderr is not None
+    deadline = time.monotonic() + timeout
+    log: list[str] = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        log.append(line.rstrip("\n"))
+        match = _SERVING.search(line)
+        if match:
+            return Daemon(process, match[1], match[2], match[3], log)
+    process.kill()
+    process.wait()
+    log.extend(process.stderr.read().splitlines())
+    raise AssertionError("daemon did not report serving:\n" + "\n".join(log))
