@@ -20,7 +20,10 @@ SYNCHRONOUS = ("normal", "full")
 
 
 def open_database(
-    path: str, *, synchronous: str = "normal", busy_timeout_ms: int = 5000,
+    path: str,
+    *,
+    synchronous: str = "normal",
+    busy_timeout_ms: int = 5000,
     max_connections: int = 64,
 ) -> PooledSqliteDatabase:
     """A pool of connections, each set up the same way when it opens.
@@ -121,15 +124,21 @@ def _v2_tiers(db: PooledSqliteDatabase) -> None:
             "INSERT INTO memories_v2 (id, tier, owner, content, content_chars,"
             " content_sha256, category, confidence, created_at, updated_at)"
             " VALUES (?, 'memory', ?, ?, ?, ?, ?, 1.0, ?, ?)",
-            (memory_id, agent_id or "", content or "", len(content or ""),
-             content_digest(content or ""), category or "", created, created),
+            (
+                memory_id,
+                agent_id or "",
+                content or "",
+                len(content or ""),
+                content_digest(content or ""),
+                category or "",
+                created,
+                created,
+            ),
         )
     db.execute_sql("DROP TABLE memories")
     db.execute_sql("ALTER TABLE memories_v2 RENAME TO memories")
     db.execute_sql("CREATE INDEX idx_memories_scope ON memories (owner, tier, seq)")
-    db.execute_sql(
-        "CREATE INDEX idx_memories_content ON memories (owner, tier, content_sha256)"
-    )
+    db.execute_sql("CREATE INDEX idx_memories_content ON memories (owner, tier, content_sha256)")
 
 
 def content_digest(content: str) -> str:

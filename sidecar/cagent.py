@@ -25,8 +25,10 @@ def read_entries(path: str | Path) -> tuple[list[LegacyEntry], list[str]]:
     conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     try:
         try:
-            tables = {row[0] for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
         except sqlite3.DatabaseError as exc:
             raise InvalidArgument(
                 f"{path}: not an SQLite database ({exc})", reason="IMPORT_SOURCE_INVALID"

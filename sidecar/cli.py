@@ -26,27 +26,42 @@ def _parser() -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--config", metavar="FILE",
+        "--config",
+        metavar="FILE",
         help="YAML configuration file (or $MEMORY_SIDECAR_CONFIG)",
     )
     common.add_argument("--db", metavar="PATH", help="SQLite database file")
 
     serve = commands.add_parser("serve", parents=[common], help="run the daemon")
-    serve.add_argument("--listen", metavar="ADDR",
-                       help="API address, HOST:PORT or unix:/path (default 127.0.0.1:50051)")
-    serve.add_argument("--health-listen", metavar="ADDR",
-                       help="extra listener serving only grpc.health.v1, for probes")
-    serve.add_argument("--metrics-listen", metavar="ADDR",
-                       help="HOST:PORT serving Prometheus metrics at /metrics")
-    serve.add_argument("--grace-seconds", metavar="S",
-                       help="how long in-flight calls may take to finish on SIGTERM")
-    serve.add_argument("--durability", choices=("normal", "full"),
-                       help="SQLite synchronous setting: normal survives a process crash, "
-                            "full also survives power loss")
+    serve.add_argument(
+        "--listen",
+        metavar="ADDR",
+        help="API address, HOST:PORT or unix:/path (default 127.0.0.1:50051)",
+    )
+    serve.add_argument(
+        "--health-listen",
+        metavar="ADDR",
+        help="extra listener serving only grpc.health.v1, for probes",
+    )
+    serve.add_argument(
+        "--metrics-listen", metavar="ADDR", help="HOST:PORT serving Prometheus metrics at /metrics"
+    )
+    serve.add_argument(
+        "--grace-seconds",
+        metavar="S",
+        help="how long in-flight calls may take to finish on SIGTERM",
+    )
+    serve.add_argument(
+        "--durability",
+        choices=("normal", "full"),
+        help="SQLite synchronous setting: normal survives a process crash, "
+        "full also survives power loss",
+    )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
 
     imp = commands.add_parser(
-        "import-cagent", parents=[common],
+        "import-cagent",
+        parents=[common],
         help="adopt a cagent memory.db into an agent's notes tier",
     )
     imp.add_argument("path", metavar="PATH", help="the cagent memory.db")
@@ -54,8 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SERVER_FLAGS = ("db", "listen", "health_listen", "metrics_listen", "grace_seconds",
-                 "durability", "log_level")
+_SERVER_FLAGS = (
+    "db",
+    "listen",
+    "health_listen",
+    "metrics_listen",
+    "grace_seconds",
+    "durability",
+    "log_level",
+)
 
 
 def _load(args: argparse.Namespace, environ: Mapping[str, str]) -> config.Config:
@@ -81,8 +103,8 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
     print(
         f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
         f"{args.agent_id!r} ({usage.used_chars:,}/{limit:,} chars)"
-        if limit else
-        f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
+        if limit
+        else f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
         f"{args.agent_id!r} ({usage.used_chars:,} chars, unlimited)"
     )
     if report.skipped:

@@ -41,9 +41,7 @@ def parse_timestamp(text: str | None) -> datetime | None:
     # Go's String() form: drop the monotonic-clock suffix and the zone name.
     text = text.split(" m=")[0]
     parts = text.split(" ")
-    if len(parts) == 4 and parts[2][:1] in "+-":
-        text = f"{parts[0]}T{parts[1]}{parts[2]}"
-    elif len(parts) == 3 and parts[2][:1] in "+-":
+    if (len(parts) == 4 and parts[2][:1] in "+-") or (len(parts) == 3 and parts[2][:1] in "+-"):
         text = f"{parts[0]}T{parts[1]}{parts[2]}"
     text = text.replace("Z", "+00:00").replace("z", "+00:00")
     # Python 3.11 parses at most 6 fractional digits; Go writes up to 9.

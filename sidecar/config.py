@@ -83,9 +83,7 @@ class ServerSettings:
 class Config:
     server: ServerSettings = field(default_factory=ServerSettings)
     defaults: AgentSettings = field(default_factory=AgentSettings)
-    agents: Mapping[str, AgentSettings] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    agents: Mapping[str, AgentSettings] = field(default_factory=lambda: MappingProxyType({}))
 
     def for_agent(self, agent_id: str) -> AgentSettings:
         return self.agents.get(agent_id, self.defaults)
@@ -255,7 +253,9 @@ def load(
         "server.", _SERVER_KEYS, _mapping("server", document.get("server")), from_text=False
     )
     defaults = _validated(
-        "defaults.", _AGENT_KEYS, _mapping("defaults", document.get("defaults")),
+        "defaults.",
+        _AGENT_KEYS,
+        _mapping("defaults", document.get("defaults")),
         from_text=False,
     )
     for section, kinds in ((server, _SERVER_KEYS), (defaults, _AGENT_KEYS)):
@@ -275,8 +275,7 @@ def load(
     agents: dict[str, AgentSettings] = {}
     for agent_id, overrides in _mapping("agents", document.get("agents")).items():
         prefix = f"agents.{agent_id}."
-        values = _validated(prefix, _AGENT_KEYS, _mapping(prefix[:-1], overrides),
-                            from_text=False)
+        values = _validated(prefix, _AGENT_KEYS, _mapping(prefix[:-1], overrides), from_text=False)
         agents[str(agent_id)] = dataclasses.replace(default_settings, **values)
         _check_weights(prefix, agents[str(agent_id)])
     return Config(

@@ -59,8 +59,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         raise
     log.info(
         "serving api=%s health=%s metrics=%s db=%s schema=%d",
-        addresses.api, addresses.health or "-", addresses.metrics or "-",
-        config.server.db, version,
+        addresses.api,
+        addresses.health or "-",
+        addresses.metrics or "-",
+        config.server.db,
+        version,
     )
     stop.wait()
     log.info("shutting down: draining for up to %gs", config.server.grace_seconds)

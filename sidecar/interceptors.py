@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -28,16 +28,17 @@ def to_status(exc: SidecarError) -> grpc.Status:
     detail = any_pb2.Any()
     detail.Pack(info)
     code = grpc.StatusCode[exc.code]
-    return rpc_status.to_status(
+    status: grpc.Status = rpc_status.to_status(
         status_pb2.Status(code=code.value[0], message=exc.message, details=[detail])
     )
+    return status
 
 
 def _internal() -> grpc.Status:
     return to_status(SidecarError("internal error; the sidecar's log has the details"))
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions raised by unary-unary handlers to statuses."""
 
     def intercept_service(
@@ -57,7 +58,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             except Exception:
                 # context.abort() inside a handler raises after setting the
                 # status: let that one through untouched.
-                if context.code() is not None:
+                if cast(Any, context).code() is not None:
                     raise
                 log.exception("unhandled error in %s", method)
                 context.abort_with_status(_internal())

@@ -85,9 +85,7 @@ def clean_content(content: str) -> str:
     """The content as stored: stripped, and never empty."""
     stripped = content.strip()
     if not stripped:
-        raise InvalidArgument(
-            "content is empty; a memory needs some text", reason="CONTENT_EMPTY"
-        )
+        raise InvalidArgument("content is empty; a memory needs some text", reason="CONTENT_EMPTY")
     return stripped
 
 

@@ -18,7 +18,8 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         self.build_info = Info(
-            "memory_sidecar_build", "The running memory-sidecar's version.",
+            "memory_sidecar_build",
+            "The running memory-sidecar's version.",
             registry=self.registry,
         )
         self.build_info.info({"version": __version__})

@@ -21,7 +21,7 @@ from sidecar.store import Store
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
 _TIER_TO_PB = {Tier.MEMORY: pb.TIER_MEMORY, Tier.USER: pb.TIER_USER}
-_PB_TO_TIER = {v: k for k, v in _TIER_TO_PB.items()}
+_PB_TO_TIER: dict[int, Tier] = {int(v): k for k, v in _TIER_TO_PB.items()}
 DEFAULT_SEARCH_LIMIT = 20
 MAX_SEARCH_LIMIT = 1000
 
@@ -99,9 +99,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         scope = scope_of(request.scope)
         tier = write_tier(request.tier)
         content = clean_content(request.content)
-        confidence = (
-            check_confidence(request.confidence) if request.HasField("confidence") else 1.0
-        )
+        confidence = check_confidence(request.confidence) if request.HasField("confidence") else 1.0
         settings = self._settings(scope)
         memory, usage, created = self._store.add(
             scope, tier, content, request.category, confidence, settings.policy(tier)
@@ -122,8 +120,12 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         category = request.category if request.HasField("category") else None
         settings = self._settings(scope)
         memory, usage = self._store.update(
-            scope, memory_id, settings.policies(),
-            content=content, category=category, confidence=confidence,
+            scope,
+            memory_id,
+            settings.policies(),
+            content=content,
+            category=category,
+            confidence=confidence,
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory), usage=usage_pb(memory.tier, usage, settings)

@@ -152,8 +152,7 @@ class Store:
                 )
             if tables:
                 raise StoreError(
-                    f"{self.path} is not a memory-sidecar database "
-                    f"(it has tables {sorted(tables)})"
+                    f"{self.path} is not a memory-sidecar database (it has tables {sorted(tables)})"
                 )
             return 0
         row = self._db.execute_sql(f"SELECT version FROM {_sqlite.SCHEMA_TABLE}").fetchone()
@@ -172,9 +171,7 @@ class Store:
                     continue
                 log.info("migrating %s to schema %d (%s)", self.path, version, what)
                 step(self._db)
-                self._db.execute_sql(
-                    f"UPDATE {_sqlite.SCHEMA_TABLE} SET version = ?", (version,)
-                )
+                self._db.execute_sql(f"UPDATE {_sqlite.SCHEMA_TABLE} SET version = ?", (version,))
                 current = version
         return current
 
@@ -205,8 +202,10 @@ class Store:
             existing = (
                 Row.select()
                 .where(
-                    (Row.owner == owner) & (Row.tier == tier.value)
-                    & (Row.content_sha256 == digest) & (Row.content == content)
+                    (Row.owner == owner)
+                    & (Row.tier == tier.value)
+                    & (Row.content_sha256 == digest)
+                    & (Row.content == content)
                 )
                 .order_by(Row.seq)
                 .first()
@@ -303,18 +302,27 @@ class Store:
                 if Row.select().where(Row.memory_id == entry.id).exists():
                     report.skipped.append((entry, "id already present"))
                     continue
-                duplicate = Row.select().where(
-                    (Row.owner == owner) & (Row.tier == tier.value)
-                    & (Row.content_sha256 == digest) & (Row.content == entry.content)
-                ).exists()
+                duplicate = (
+                    Row.select()
+                    .where(
+                        (Row.owner == owner)
+                        & (Row.tier == tier.value)
+                        & (Row.content_sha256 == digest)
+                        & (Row.content == entry.content)
+                    )
+                    .exists()
+                )
                 if duplicate:
                     report.skipped.append((entry, "identical entry already present"))
                     continue
                 added = len(entry.content) + (SEPARATOR_CHARS if count else 0)
                 if policy.limit_chars and used + added > policy.limit_chars:
                     report.skipped.append(
-                        (entry, f"does not fit: needs {added:,} chars, "
-                                f"{max(policy.limit_chars - used, 0):,} free")
+                        (
+                            entry,
+                            f"does not fit: needs {added:,} chars, "
+                            f"{max(policy.limit_chars - used, 0):,} free",
+                        )
                     )
                     continue
                 Row.create(
@@ -403,7 +411,10 @@ def _require_enabled(tier: Tier, policy: TierPolicy) -> None:
 def _check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: int) -> None:
     if policy.limit_chars and after > policy.limit_chars:
         raise BudgetExceeded(
-            tier=tier.value, label=tier.label, used=used, limit=policy.limit_chars,
+            tier=tier.value,
+            label=tier.label,
+            used=used,
+            limit=policy.limit_chars,
             requested=added,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -34,11 +35,11 @@ class Running:
     stub: pb_grpc.MemoryServiceStub
     db_path: Path
 
-    def add(self, content: str, **kwargs: Any) -> pb.AddMemoryResponse:
-        return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **kwargs))
+    def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
+        return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **fields), timeout=timeout)
 
-    def list(self, **kwargs: Any) -> pb.GetMemoriesResponse:
-        return self.stub.GetMemories(pb.GetMemoriesRequest(**kwargs))
+    def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
+        return self.stub.GetMemories(pb.GetMemoriesRequest(**fields), timeout=timeout)
 
 
 def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:
@@ -54,14 +55,21 @@ def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:
     sidecar = Sidecar(cfg, store)
     addresses = sidecar.start()
     channel = grpc.insecure_channel(addresses.api)
-    return Running(sidecar, store, addresses, channel,
-                   pb_grpc.MemoryServiceStub(channel), db_path)
+    return Running(sidecar, store, addresses, channel, pb_grpc.MemoryServiceStub(channel), db_path)
 
 
 def stop_sidecar(running: Running) -> None:
     running.channel.close()
     running.sidecar.stop(grace=1)
     running.store.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_sidecar_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own MEMORY_SIDECAR_* settings must not leak into tests."""
+    for key in list(os.environ):
+        if key.startswith("MEMORY_SIDECAR_"):
+            monkeypatch.delenv(key)
 
 
 @pytest.fixture
@@ -111,17 +119,28 @@ class Daemon:
     log: list[str]
 
     def wait(self, timeout: float = 20) -> int:
+        """Wait for the exit; collect the rest of the log."""
         code = self.process.wait(timeout)
         assert self.process.stderr is not None
-        self.log.extend(self.process.stderr.read().splitlines())
+        if not self.process.stderr.closed:
+            self.log.extend(self.process.stderr.read().splitlines())
+            self.process.stderr.close()
         return code
+
+    def close(self) -> None:
+        """Kill the daemon if a test left it running."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.wait()
 
 
 def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
     """Run `python -m sidecar serve ARGS` and wait until it reports serving."""
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stderr is not None
     deadline = time.monotonic() + timeout
@@ -134,7 +153,16 @@ def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
         match = _SERVING.search(line)
         if match:
             return Daemon(process, match[1], match[2], match[3], log)
-    process.kill()
-    process.wait()
-    log.extend(process.stderr.read().splitlines())
+    daemon = Daemon(process, "", "", "", log)
+    daemon.close()
     raise AssertionError("daemon did not report serving:\n" + "\n".join(log))
+
+
+MakeSidecar = Callable[..., Running]
+
+
+def refused(call: Callable[..., Any], *args: Any, **kwargs: Any) -> grpc.RpcError:
+    """The RpcError a call fails with (the test fails if it succeeds)."""
+    with pytest.raises(grpc.RpcError) as raised:
+        call(*args, **kwargs)
+    return raised.value

@@ -32,8 +32,9 @@ def test_add_defaults_to_agent_notes_and_returns_usage(sidecar: Running) -> None
 
 def test_each_tier_holds_its_own_entries(sidecar: Running) -> None:
     note = sidecar.add("CI runs on Debian", scope=AGENT, tier=pb.TIER_MEMORY).memory
-    fact = sidecar.add("Ada is a staff engineer", scope=AGENT, tier=pb.TIER_USER,
-                       confidence=0.8).memory
+    fact = sidecar.add(
+        "Ada is a staff engineer", scope=AGENT, tier=pb.TIER_USER, confidence=0.8
+    ).memory
     assert fact.tier == pb.TIER_USER
     assert fact.confidence == pytest.approx(0.8)
 
@@ -55,8 +56,10 @@ def test_each_tier_holds_its_own_entries(sidecar: Running) -> None:
 def test_list_keeps_insertion_order_and_filters_by_category(sidecar: Running) -> None:
     contents = ["zeta fact", "alpha fact", "mid fact", "another alpha"]
     categories = ["b", "a", "b", "a"]
-    ids = [sidecar.add(c, scope=AGENT, category=k).memory.id
-           for c, k in zip(contents, categories, strict=True)]
+    ids = [
+        sidecar.add(c, scope=AGENT, category=k).memory.id
+        for c, k in zip(contents, categories, strict=True)
+    ]
 
     listed = sidecar.list(scope=AGENT)
     assert [m.id for m in listed.memories] == ids
@@ -89,8 +92,9 @@ def test_identical_content_returns_the_existing_entry(sidecar: Running) -> None:
 
 
 def test_update_changes_only_the_fields_given(sidecar: Running) -> None:
-    original = sidecar.add("Deploys go to eu-west-1", scope=AGENT, category="infra",
-                           confidence=0.5).memory
+    original = sidecar.add(
+        "Deploys go to eu-west-1", scope=AGENT, category="infra", confidence=0.5
+    ).memory
     time.sleep(0.002)
 
     content_only = sidecar.stub.UpdateMemory(
@@ -144,17 +148,22 @@ def test_scopes_never_see_or_change_each_other(sidecar: Running) -> None:
 
     stranger = pb.Scope(agent_id="x", user_id="y")
     for call, request in [
-        (sidecar.stub.UpdateMemory, pb.UpdateMemoryRequest(scope=stranger, id=note.id,
-                                                           content="hijacked")),
+        (
+            sidecar.stub.UpdateMemory,
+            pb.UpdateMemoryRequest(scope=stranger, id=note.id, content="hijacked"),
+        ),
         (sidecar.stub.DeleteMemory, pb.DeleteMemoryRequest(scope=stranger, id=profile.id)),
-        (sidecar.stub.UpdateMemory, pb.UpdateMemoryRequest(scope=other_user, id=profile.id,
-                                                           content="hijacked")),
+        (
+            sidecar.stub.UpdateMemory,
+            pb.UpdateMemoryRequest(scope=other_user, id=profile.id, content="hijacked"),
+        ),
     ]:
         with pytest.raises(grpc.RpcError) as raised:
             call(request)
         assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert [m.content for m in sidecar.list(scope=mine).memories] == [
-        "coder's note", "Ada likes short answers"
+        "coder's note",
+        "Ada likes short answers",
     ]
     found = sidecar.stub.SearchMemories(pb.SearchMemoriesRequest(scope=stranger, query="coder"))
     assert list(found.hits) == []

@@ -1,0 +1,196 @@
+"""The daemon as an operator runs it: listeners, health, reflection, signals."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from tests.conftest import MakeSidecar, error_info, refused, spawn_daemon
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health_status(address: str, service: str = "") -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
+    db = tmp_path / "memory.db"
+    daemon = spawn_daemon(
+        "--db",
+        str(db),
+        "--listen",
+        "127.0.0.1:0",
+        "--health-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    )
+    try:
+        for address in (daemon.api, daemon.health):
+            assert health_status(address) == SERVING
+            assert health_status(address, "memory.v1.MemoryService") == SERVING
+
+        with grpc.insecure_channel(daemon.api) as channel:
+            stub = pb_grpc.MemoryServiceStub(channel)
+            stub.AddMemory(pb.AddMemoryRequest(content="survives restarts"), timeout=5)
+            reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+            answers = reflect.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
+            services = {s.name for a in answers for s in a.list_services_response.service}
+        assert {"memory.v1.MemoryService", "grpc.health.v1.Health"} <= services
+
+        # The health listener serves health and nothing else.
+        with grpc.insecure_channel(daemon.health) as channel:
+            error = refused(
+                pb_grpc.MemoryServiceStub(channel).GetMemories, pb.GetMemoriesRequest(), timeout=5
+            )
+            assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.wait() == 0, "\n".join(daemon.log)
+    finally:
+        daemon.close()
+    assert any("stopped" in line for line in daemon.log)
+    # Closing the last connection checkpoints and removes the WAL.
+    assert not Path(f"{db}-wal").exists()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT content FROM memories").fetchall() == [("survives restarts",)]
+    conn.close()
+
+
+def test_unix_socket_listener(tmp_path: Path) -> None:
+    sock = tmp_path / "api.sock"
+    daemon = spawn_daemon("--db", str(tmp_path / "m.db"), "--listen", f"unix:{sock}")
+    try:
+        assert daemon.api == f"unix:{sock}"
+        with grpc.insecure_channel(f"unix:{sock}") as channel:
+            stub = pb_grpc.MemoryServiceStub(channel)
+            added = stub.AddMemory(pb.AddMemoryRequest(content="over a socket"), timeout=5)
+            assert added.created
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--health-listen"])
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path, flag: str) -> None:
+    # A daemon holds the port, as a second sidecar in the same pod would find it.
+    first = spawn_daemon("--db", str(tmp_path / "first.db"), "--listen", "127.0.0.1:0")
+    try:
+        args = ["--db", str(tmp_path / "second.db"), "--listen", "127.0.0.1:0", flag, first.api]
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1
+        assert "cannot listen for" in result.stderr
+        assert first.api in result.stderr
+        assert health_status(first.api) == SERVING
+    finally:
+        first.close()
+
+
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sidecar",
+                "serve",
+                "--db",
+                str(tmp_path / "m.db"),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"cannot listen for metrics on 127.0.0.1:{port}" in result.stderr
+
+
+def test_stop_drains_in_flight_calls_and_refuses_new_ones(
+    tmp_path: Path, make_sidecar: MakeSidecar
+) -> None:
+    running = make_sidecar(health_listen="127.0.0.1:0", grace_seconds=30)
+    # Hold the write lock from outside, so an AddMemory is in flight (waiting
+    # on the busy timeout) when the stop begins.
+    blocker = sqlite3.connect(running.db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    result: dict[str, object] = {}
+
+    def slow_add() -> None:
+        result["response"] = running.add("written during shutdown", timeout=20)
+
+    writer = threading.Thread(target=slow_add)
+    writer.start()
+    time.sleep(0.3)  # let the call reach the database
+    stopper = threading.Thread(target=running.sidecar.stop)
+    stopper.start()
+    time.sleep(0.3)
+
+    assert health_status(running.addresses.health) == NOT_SERVING
+    late = grpc.insecure_channel(running.addresses.api)
+    error = refused(pb_grpc.MemoryServiceStub(late).GetMemories, pb.GetMemoriesRequest(), timeout=5)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    late.close()
+
+    blocker.execute("COMMIT")
+    blocker.close()
+    writer.join(10)
+    stopper.join(10)
+    assert not stopper.is_alive()
+    response = result["response"]
+    assert isinstance(response, pb.AddMemoryResponse)
+    assert response.created
+    running.store.close()
+    with sqlite3.connect(running.db_path) as conn:
+        rows = conn.execute("SELECT content FROM memories").fetchall()
+    conn.close()
+    assert rows == [("written during shutdown",)]
+
+
+def test_a_lock_held_past_the_busy_timeout_is_unavailable(
+    tmp_path: Path, make_sidecar: MakeSidecar
+) -> None:
+    running = make_sidecar("server: {busy_timeout_ms: 100}")
+    blocker = sqlite3.connect(running.db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        error = refused(running.add, "blocked", timeout=10)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(error).reason == "DATABASE_BUSY"
+    assert running.add("unblocked").created
