@@ -1,0 +1,38 @@
+"""What the docs show works as shown."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from sidecar import config
+from tests.conftest import ROOT, Running
+
+
+def test_readme_client_example_runs(sidecar: Running) -> None:
+    readme = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    assert 'ADDRESS = "127.0.0.1:50051"' in example
+    code = example.replace("127.0.0.1:50051", sidecar.addresses.api)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("TIER_MEMORY ")
+    assert lines[0].endswith(" The repo uses uv, not pip")
+    assert lines[1].endswith(" Ada prefers short answers")
+    assert lines[2:] == ["TIER_MEMORY 25/2200 chars", "TIER_USER 25/1375 chars"]
+
+
+def test_example_config_is_valid_and_states_the_defaults() -> None:
+    example = config.load(ROOT / "deploy" / "config.example.yaml", environ={})
+    assert example == config.Config()
+
+
+def test_readme_names_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "make run" in readme
+    assert "make test" in readme
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
