@@ -142,6 +142,14 @@ class Store:
             row = self._db.execute_sql("PRAGMA integrity_check").fetchone()
             return str(row[0])
 
+    def connection_settings(self) -> dict[str, int | str]:
+        """The SQLite settings of the connection this thread is handed."""
+        with self._guard(), self._db.connection_context():
+            return {
+                name: self._db.execute_sql(f"PRAGMA {name}").fetchone()[0]
+                for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+            }
+
     def _current_version(self) -> int:
         tables = _sqlite.table_names(self._db)
         if _sqlite.SCHEMA_TABLE not in tables:
