@@ -204,38 +204,15 @@ class Store:
         """
         _require_enabled(tier, policy)
         owner = scope.owner(tier)
-        digest = _sqlite.content_digest(content)
-        Row = self._rows
         with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
-            existing = (
-                Row.select()
-                .where(
-                    (Row.owner == owner)
-                    & (Row.tier == tier.value)
-                    & (Row.content_sha256 == digest)
-                    & (Row.content == content)
-                )
-                .order_by(Row.seq)
-                .first()
-            )
+            existing = self._identical(owner, tier, content)
             usage = self._usage(owner, tier)
             if existing is not None:
                 return _to_memory(existing), usage, False
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
             now = to_micros(self._clock())
-            row = Row.create(
-                memory_id=str(uuid.uuid4()),
-                tier=tier.value,
-                owner=owner,
-                content=content,
-                content_chars=len(content),
-                content_sha256=digest,
-                category=category,
-                confidence=confidence,
-                created_at=now,
-                updated_at=now,
-            )
+            row = self._insert(str(uuid.uuid4()), owner, tier, content, category, confidence, now)
             after = Usage(usage.used_chars + added, usage.entry_count + 1)
             return _to_memory(row), after, True
 
@@ -303,24 +280,13 @@ class Store:
             usage = self._usage(owner, tier)
             used, count = usage.used_chars, usage.entry_count
             for entry in entries:
-                digest = _sqlite.content_digest(entry.content)
                 if not entry.content:
                     report.skipped.append((entry, "empty content"))
                     continue
                 if Row.select().where(Row.memory_id == entry.id).exists():
                     report.skipped.append((entry, "id already present"))
                     continue
-                duplicate = (
-                    Row.select()
-                    .where(
-                        (Row.owner == owner)
-                        & (Row.tier == tier.value)
-                        & (Row.content_sha256 == digest)
-                        & (Row.content == entry.content)
-                    )
-                    .exists()
-                )
-                if duplicate:
+                if self._identical(owner, tier, entry.content) is not None:
                     report.skipped.append((entry, "identical entry already present"))
                     continue
                 added = len(entry.content) + (SEPARATOR_CHARS if count else 0)
@@ -333,17 +299,14 @@ class Store:
                         )
                     )
                     continue
-                Row.create(
-                    memory_id=entry.id,
-                    tier=tier.value,
-                    owner=owner,
-                    content=entry.content,
-                    content_chars=len(entry.content),
-                    content_sha256=digest,
-                    category=entry.category,
-                    confidence=1.0,
-                    created_at=entry.created_at_micros,
-                    updated_at=entry.created_at_micros,
+                self._insert(
+                    entry.id,
+                    owner,
+                    tier,
+                    entry.content,
+                    entry.category,
+                    1.0,
+                    entry.created_at_micros,
                 )
                 used, count = used + added, count + 1
                 report.imported.append(entry)
@@ -381,6 +344,46 @@ class Store:
             .scalar(as_tuple=True)
         )
         return Usage(rendered_chars(int(chars), int(count)), int(count))
+
+    def _identical(self, owner: str, tier: Tier, content: str) -> _Row | None:
+        """The first entry of this owner and tier with exactly this content."""
+        Row = self._rows
+        row: _Row | None = (
+            Row.select()
+            .where(
+                (Row.owner == owner)
+                & (Row.tier == tier.value)
+                & (Row.content_sha256 == _sqlite.content_digest(content))
+                & (Row.content == content)
+            )
+            .order_by(Row.seq)
+            .first()
+        )
+        return row
+
+    def _insert(
+        self,
+        memory_id: str,
+        owner: str,
+        tier: Tier,
+        content: str,
+        category: str,
+        confidence: float,
+        created_at: int,
+    ) -> _Row:
+        row: _Row = self._rows.create(
+            memory_id=memory_id,
+            tier=tier.value,
+            owner=owner,
+            content=content,
+            content_chars=len(content),
+            content_sha256=_sqlite.content_digest(content),
+            category=category,
+            confidence=confidence,
+            created_at=created_at,
+            updated_at=created_at,
+        )
+        return row
 
     def _find(self, scope: Scope, memory_id: str) -> _Row:
         Row = self._rows

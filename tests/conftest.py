@@ -166,3 +166,15 @@ def refused(call: Callable[..., Any], *args: Any, **kwargs: Any) -> grpc.RpcErro
     with pytest.raises(grpc.RpcError) as raised:
         call(*args, **kwargs)
     return raised.value
+
+
+def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m sidecar ARGS` to completion, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar
+from tests.conftest import MakeSidecar, run_sidecar
 
 CAGENT_ROWS = [
     ("0b1c", "2025-06-01T08:00:00Z", "User's shell is fish", "environment"),
@@ -42,8 +40,7 @@ def make_cagent_db(path: Path, *, with_category: bool = True) -> Path:
 
 def run_import(*args: str) -> tuple[int, str, str]:
     """The console command as an operator runs it, in a process of its own."""
-    command = [sys.executable, "-m", "sidecar", "import-cagent", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    result = run_sidecar("import-cagent", *args)
     return result.returncode, result.stdout, result.stderr
 
 

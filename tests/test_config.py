@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sidecar import config
 from sidecar.errors import ConfigError
+from tests.conftest import run_sidecar
 
 FILE = """
 server:
@@ -132,23 +131,8 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
 
 def test_daemon_stops_at_start_on_invalid_config(tmp_path: Path) -> None:
     path = write(tmp_path, "agents: {coder: {max_inject_memories: -3}}")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "serve",
-            "--config",
-            str(path),
-            "--db",
-            str(tmp_path / "m.db"),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_sidecar(
+        "serve", "--config", str(path), "--db", str(tmp_path / "m.db"), "--listen", "127.0.0.1:0"
     )
     assert result.returncode == 2
     assert "agents.coder.max_inject_memories: must be at least 0" in result.stderr
@@ -157,12 +141,10 @@ def test_daemon_stops_at_start_on_invalid_config(tmp_path: Path) -> None:
 
 def test_config_file_from_environment(tmp_path: Path) -> None:
     path = write(tmp_path, "defaults: {max_inject_memories: abc}")
-    result = subprocess.run(
-        [sys.executable, "-m", "sidecar", "serve", "--db", str(tmp_path / "m.db")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_sidecar(
+        "serve",
+        "--db",
+        str(tmp_path / "m.db"),
         env={**os.environ, "MEMORY_SIDECAR_CONFIG": str(path)},
     )
     assert result.returncode == 2

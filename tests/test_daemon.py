@@ -5,8 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import MakeSidecar, error_info, refused, spawn_daemon
+from tests.conftest import MakeSidecar, error_info, refused, run_sidecar, spawn_daemon
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -97,13 +95,7 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path, flag: str) -> None:
     first = spawn_daemon("--db", str(tmp_path / "first.db"), "--listen", "127.0.0.1:0")
     try:
         args = ["--db", str(tmp_path / "second.db"), "--listen", "127.0.0.1:0", flag, first.api]
-        result = subprocess.run(
-            [sys.executable, "-m", "sidecar", "serve", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = run_sidecar("serve", *args)
         assert result.returncode == 1
         assert "cannot listen for" in result.stderr
         assert first.api in result.stderr
@@ -117,23 +109,14 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "serve",
-                "--db",
-                str(tmp_path / "m.db"),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                f"127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        result = run_sidecar(
+            "serve",
+            "--db",
+            str(tmp_path / "m.db"),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            f"127.0.0.1:{port}",
         )
     assert result.returncode == 1
     assert f"cannot listen for metrics on 127.0.0.1:{port}" in result.stderr
