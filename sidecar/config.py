@@ -47,6 +47,7 @@ class AgentSettings:
     user_profile_enabled: bool = True
     memory_char_limit: int = 2200
     user_char_limit: int = 1375
+    inject_system_block: bool = True
     inject_memories: bool = True
     inject_memories_strategy: str = "local"
     max_inject_memories: int = 20
@@ -56,6 +57,13 @@ class AgentSettings:
     snapshot_refresh: str = "on_write"
     session_idle_ttl_seconds: float = 3600.0
     max_sessions: int = 10_000
+    keyword_llm_base_url: str = ""
+    keyword_llm_model: str = ""
+    keyword_llm_api_key_env: str = ""
+    keyword_llm_timeout_seconds: float = 5.0
+    # Resolved from the environment variable named by keyword_llm_api_key_env;
+    # never read from the file, never printed.
+    keyword_llm_api_key: str = field(default="", repr=False)
 
     def policy(self, tier: Tier) -> TierPolicy:
         if tier is Tier.MEMORY:
@@ -77,6 +85,7 @@ class ServerSettings:
     busy_timeout_ms: int = 5000
     max_workers: int = 16
     log_level: str = "info"
+    partition_cache_size: int = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,11 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "durability": _one_of("normal", "full"),
     "busy_timeout_ms": _at_least(0),
     "max_workers": _at_least(1),
+    "partition_cache_size": _at_least(1),
+    "keyword_llm_timeout_seconds": _between(0.05, 120),
+    "keyword_llm_base_url": lambda v: (
+        None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
+    ),
     "log_level": _one_of("debug", "info", "warning", "error"),
     "db": lambda v: None if v else "must not be empty",
 }
@@ -182,7 +196,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: kinds[str(f.type)] for f in dataclasses.fields(cls)}
 
 
-_AGENT_KEYS = _field_types(AgentSettings)
+_AGENT_KEYS = {k: v for k, v in _field_types(AgentSettings).items() if k != "keyword_llm_api_key"}
 _SERVER_KEYS = _field_types(ServerSettings)
 
 
@@ -216,11 +230,22 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _check_weights(path: str, settings: AgentSettings) -> None:
+def _finish(path: str, settings: AgentSettings, environ: Mapping[str, str]) -> AgentSettings:
+    """Cross-key checks, and the API key read from the variable it names."""
     if settings.similarity_weight + settings.confidence_weight <= 0:
         raise ConfigError(
             f"{path}similarity_weight", "similarity_weight and confidence_weight are both 0"
         )
+    if settings.keyword_llm_base_url and not settings.keyword_llm_model:
+        raise ConfigError(f"{path}keyword_llm_model", "required with keyword_llm_base_url")
+    variable = settings.keyword_llm_api_key_env
+    if variable:
+        if variable not in environ:
+            raise ConfigError(
+                f"{path}keyword_llm_api_key_env", f"environment variable {variable} is not set"
+            )
+        settings = dataclasses.replace(settings, keyword_llm_api_key=environ[variable])
+    return settings
 
 
 def load(
@@ -270,14 +295,14 @@ def load(
                 raise ConfigError(flag, "unknown flag")
             server[key] = _check_one(flag, key, _SERVER_KEYS[key], value, from_text=True)
 
-    default_settings = AgentSettings(**defaults)
-    _check_weights("defaults.", default_settings)
+    default_settings = _finish("defaults.", AgentSettings(**defaults), environ)
     agents: dict[str, AgentSettings] = {}
     for agent_id, overrides in _mapping("agents", document.get("agents")).items():
         prefix = f"agents.{agent_id}."
         values = _validated(prefix, _AGENT_KEYS, _mapping(prefix[:-1], overrides), from_text=False)
-        agents[str(agent_id)] = dataclasses.replace(default_settings, **values)
-        _check_weights(prefix, agents[str(agent_id)])
+        agents[str(agent_id)] = _finish(
+            prefix, dataclasses.replace(default_settings, **values), environ
+        )
     return Config(
         server=ServerSettings(**server),
         defaults=default_settings,

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from sidecar.config import Config
+from sidecar.metrics import Metrics
 from sidecar.server import Sidecar
 from sidecar.store import Store
 
@@ -24,7 +25,7 @@ def setup_logging(level: str) -> None:
     )
 
 
-def open_store(config: Config) -> Store:
+def open_store(config: Config, metrics: Metrics | None = None) -> Store:
     server = config.server
     Path(server.db).parent.mkdir(parents=True, exist_ok=True)
     return Store(
@@ -33,6 +34,7 @@ def open_store(config: Config) -> Store:
         busy_timeout_ms=server.busy_timeout_ms,
         # One connection per RPC worker, and a few for start-up and tools.
         max_connections=server.max_workers + 4,
+        on_query=metrics.db_query if metrics else None,
     )
 
 
@@ -49,9 +51,10 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    store = open_store(config)
+    metrics = Metrics()
+    store = open_store(config, metrics)
     version = store.open()
-    sidecar = Sidecar(config, store)
+    sidecar = Sidecar(config, store, metrics=metrics)
     try:
         addresses = sidecar.start()
     except Exception:

@@ -50,6 +50,8 @@ class Memory:
     confidence: float
     created_at: datetime
     updated_at: datetime
+    # Insertion order across the whole store: the tie-breaker everywhere.
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

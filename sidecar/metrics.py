@@ -1,10 +1,27 @@
-"""Prometheus metrics: defined here, registered on an injected registry."""
+"""Prometheus metrics: every one defined here, on an injected registry.
+
+Label values are bounded enumerations: never an agent, user, session or
+memory id.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Info, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from sidecar import __version__
+
+# Statement kinds worth telling apart; anything else is "other".
+_OPERATIONS = frozenset(
+    {"select", "insert", "update", "delete", "create", "alter", "drop", "pragma"}
+)
 
 
 class Metrics:
@@ -15,11 +32,67 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        self.build_info = Info(
-            "memory_sidecar_build",
-            "The running memory-sidecar's version.",
-            registry=self.registry,
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        Info("memory_sidecar_build", "The running memory-sidecar's version.", registry=r).info(
+            {"version": __version__}
         )
-        self.build_info.info({"version": __version__})
+        self.snapshot_lookups = Counter(
+            "memory_snapshot_lookups",
+            "InjectForTurn snapshot lookups by outcome.",
+            ["result"],
+            registry=r,
+        )
+        self.snapshot_invalidations = Counter(
+            "memory_snapshot_invalidations",
+            "Session snapshots invalidated or dropped, by cause.",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions_active = Gauge(
+            "memory_sessions_active", "Sessions holding a snapshot.", registry=r
+        )
+        self.keyword_fallbacks = Counter(
+            "memory_keyword_fallbacks",
+            "Turns where the llm keyword strategy failed and local keywords were used.",
+            ["reason"],
+            registry=r,
+        )
+        self.db_queries = Counter(
+            "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
+        )
+        self.db_query_seconds = Histogram(
+            "memory_db_query_duration_seconds",
+            "Time to run one SQL statement.",
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1.0,
+                2.5,
+            ),
+            registry=r,
+        )
+        # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
+        for result in ("hit", "miss"):
+            self.snapshot_lookups.labels(result)
+        for reason in ("write", "compaction", "session_end", "evicted"):
+            self.snapshot_invalidations.labels(reason)
+
+    def db_query(self, sql: str, seconds: float) -> None:
+        head = sql.lstrip().split(None, 1)
+        operation = head[0].lower() if head else "other"
+        if operation not in _OPERATIONS:
+            operation = "other"
+        self.db_queries.labels(operation).inc()
+        self.db_query_seconds.observe(seconds)

@@ -19,6 +19,7 @@ from prometheus_client import start_http_server
 
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import Config
+from sidecar.engine import MemoryEngine
 from sidecar.errors import SidecarError
 from sidecar.interceptors import ErrorInterceptor
 from sidecar.metrics import Metrics
@@ -70,17 +71,25 @@ class Sidecar:
     >>> sidecar.stop(grace=10)           # NOT_SERVING, drain, close
     """
 
-    def __init__(self, config: Config, store: Store, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        *,
+        metrics: Metrics | None = None,
+        engine: MemoryEngine | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics or Metrics()
+        self.engine = engine or MemoryEngine(config, store, metrics=self.metrics)
         self.health = health.HealthServicer()
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
         self._api = grpc.server(
             self._pool, interceptors=[ErrorInterceptor()], options=_SERVER_OPTIONS
         )
-        pb_grpc.add_MemoryServiceServicer_to_server(MemoryService(config, store), self._api)
+        pb_grpc.add_MemoryServiceServicer_to_server(MemoryService(self.engine), self._api)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._api
@@ -88,6 +97,16 @@ class Sidecar:
         self._health_server: grpc.Server | None = None
         self._metrics_server: Any = None
         self._stopped = threading.Event()
+        self._janitor = threading.Thread(target=self._sweep, name="janitor", daemon=True)
+
+    def _sweep(self) -> None:
+        """Evict idle sessions now and then (turns also evict as they go)."""
+        ttls = [
+            a.session_idle_ttl_seconds for a in (self.config.defaults, *self.config.agents.values())
+        ]
+        interval = min(60.0, max(1.0, min(ttls) / 2))
+        while not self._stopped.wait(interval):
+            self.engine.evict_idle()
 
     def start(self) -> Addresses:
         """Bind every listener, start serving, and report SERVING.
@@ -127,6 +146,7 @@ class Sidecar:
         self._api.start()
         if self._health_server is not None:
             self._health_server.start()
+        self._janitor.start()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return Addresses(api=api, health=health_address, metrics=metrics_address)

@@ -10,13 +10,13 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sidecar import tokens
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.config import AgentSettings, Config
-from sidecar.errors import InvalidArgument, Unimplemented
+from sidecar.config import AgentSettings
+from sidecar.engine import MemoryEngine
+from sidecar.errors import InvalidArgument
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
-from sidecar.search import substring_search
-from sidecar.store import Store
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -87,25 +87,53 @@ def _require_id(memory_id: str) -> str:
     return memory_id
 
 
-class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
-    def __init__(self, config: Config, store: Store) -> None:
-        self._config = config
-        self._store = store
+_STRATEGIES = {
+    pb.KEYWORD_STRATEGY_UNSPECIFIED: "",
+    pb.KEYWORD_STRATEGY_LOCAL: "local",
+    pb.KEYWORD_STRATEGY_LLM: "llm",
+}
+_COUNTERS = {
+    tokens.TIKTOKEN: pb.TOKEN_COUNTER_TIKTOKEN_CL100K_BASE,
+    tokens.CHARS_DIV_4: pb.TOKEN_COUNTER_CHARS_DIV_4,
+}
+MAX_INJECT_MEMORIES = 1000
+MAX_INJECT_TOKENS = 1_000_000
 
-    def _settings(self, scope: Scope) -> AgentSettings:
-        return self._config.for_agent(scope.agent_id)
+
+def _require_session(session_id: str) -> str:
+    if not session_id:
+        raise InvalidArgument(
+            "session_id is empty; name the runtime session", reason="SESSION_ID_EMPTY"
+        )
+    return session_id
+
+
+def _bounded(name: str, value: int, maximum: int) -> int:
+    if not 0 <= value <= maximum:
+        raise InvalidArgument(
+            f"{name} must be between 0 and {maximum:,}, got {value}",
+            reason=f"{name.upper()}_OUT_OF_RANGE",
+            metadata={name: value, "max": maximum},
+        )
+    return value
+
+
+class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
+    def __init__(self, engine: MemoryEngine) -> None:
+        self._engine = engine
 
     def AddMemory(self, request: pb.AddMemoryRequest, context: Any) -> pb.AddMemoryResponse:
         scope = scope_of(request.scope)
         tier = write_tier(request.tier)
         content = clean_content(request.content)
         confidence = check_confidence(request.confidence) if request.HasField("confidence") else 1.0
-        settings = self._settings(scope)
-        memory, usage, created = self._store.add(
-            scope, tier, content, request.category, confidence, settings.policy(tier)
+        memory, usage, created = self._engine.add(
+            scope, tier, content, request.category, confidence
         )
         return pb.AddMemoryResponse(
-            memory=memory_pb(memory), usage=usage_pb(tier, usage, settings), created=created
+            memory=memory_pb(memory),
+            usage=usage_pb(tier, usage, self._engine.settings(scope)),
+            created=created,
         )
 
     def UpdateMemory(
@@ -118,34 +146,29 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             check_confidence(request.confidence) if request.HasField("confidence") else None
         )
         category = request.category if request.HasField("category") else None
-        settings = self._settings(scope)
-        memory, usage = self._store.update(
-            scope,
-            memory_id,
-            settings.policies(),
-            content=content,
-            category=category,
-            confidence=confidence,
+        memory, usage = self._engine.update(
+            scope, memory_id, content=content, category=category, confidence=confidence
         )
         return pb.UpdateMemoryResponse(
-            memory=memory_pb(memory), usage=usage_pb(memory.tier, usage, settings)
+            memory=memory_pb(memory),
+            usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
         )
 
     def DeleteMemory(
         self, request: pb.DeleteMemoryRequest, context: Any
     ) -> pb.DeleteMemoryResponse:
         scope = scope_of(request.scope)
-        memory, usage = self._store.delete(scope, _require_id(request.id))
+        memory, usage = self._engine.delete(scope, _require_id(request.id))
         return pb.DeleteMemoryResponse(
             memory=memory_pb(memory),
-            usage=usage_pb(memory.tier, usage, self._settings(scope)),
+            usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
         )
 
     def GetMemories(self, request: pb.GetMemoriesRequest, context: Any) -> pb.GetMemoriesResponse:
         scope = scope_of(request.scope)
         tiers = read_tiers(request.tier)
-        memories, usage = self._store.list(scope, tiers, request.category)
-        settings = self._settings(scope)
+        memories, usage = self._engine.list_memories(scope, tiers, request.category)
+        settings = self._engine.settings(scope)
         return pb.GetMemoriesResponse(
             memories=[memory_pb(m) for m in memories],
             usage=[usage_pb(tier, usage[tier], settings) for tier in tiers],
@@ -156,24 +179,61 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> pb.SearchMemoriesResponse:
         scope = scope_of(request.scope)
         tiers = read_tiers(request.tier)
-        if request.limit < 0:
-            raise InvalidArgument(
-                f"limit must not be negative, got {request.limit}",
-                reason="LIMIT_OUT_OF_RANGE",
-                metadata={"limit": request.limit, "max": MAX_SEARCH_LIMIT},
-            )
-        limit = min(request.limit or DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT)
-        memories, _ = self._store.list(scope, tiers, request.category)
-        hits = substring_search(memories, request.query, match_all=request.match_all)
+        limit = _bounded("limit", request.limit, MAX_SEARCH_LIMIT) or DEFAULT_SEARCH_LIMIT
+        hits = self._engine.search(
+            scope,
+            request.query,
+            tiers,
+            category=request.category,
+            limit=limit,
+            match_all=request.match_all,
+        )
         return pb.SearchMemoriesResponse(
-            hits=[pb.SearchHit(memory=memory_pb(m), score=score) for m, score in hits[:limit]]
+            hits=[pb.SearchHit(memory=memory_pb(m), score=score) for m, score in hits]
         )
 
-    def InjectForTurn(self, request: Any, context: Any) -> Any:
-        raise Unimplemented("InjectForTurn is not implemented in this release")
+    def InjectForTurn(
+        self, request: pb.InjectForTurnRequest, context: Any
+    ) -> pb.InjectForTurnResponse:
+        scope = scope_of(request.scope)
+        session_id = _require_session(request.session_id)
+        if request.strategy not in _STRATEGIES:
+            raise InvalidArgument(
+                f"unknown keyword strategy {request.strategy}; use LOCAL (1) or LLM (2)",
+                reason="STRATEGY_UNKNOWN",
+                metadata={"strategy": request.strategy},
+            )
+        turn = self._engine.inject(
+            scope,
+            session_id,
+            user_message=request.user_message,
+            recent_messages=list(request.recent_messages),
+            given_keywords=list(request.keywords),
+            strategy=_STRATEGIES[request.strategy],
+            max_memories=_bounded("max_memories", request.max_memories, MAX_INJECT_MEMORIES),
+            max_tokens=_bounded("max_tokens", request.max_tokens, MAX_INJECT_TOKENS),
+        )
+        settings = self._engine.settings(scope)
+        return pb.InjectForTurnResponse(
+            system_block=turn.system_block,
+            turn_context=turn.turn_context,
+            snapshot_generation=turn.generation,
+            snapshot_sha256=turn.sha256,
+            cache_hit=turn.cache_hit,
+            injected_memory_ids=turn.turn_memory_ids,
+            system_block_memory_ids=turn.system_memory_ids,
+            system_block_tokens=turn.system_tokens,
+            turn_context_tokens=turn.turn_tokens,
+            token_counter=_COUNTERS[turn.token_counter],
+            usage=[usage_pb(tier, turn.usage[tier], settings) for tier in Tier],
+        )
 
-    def NotifyCompaction(self, request: Any, context: Any) -> Any:
-        raise Unimplemented("NotifyCompaction is not implemented in this release")
+    def NotifyCompaction(
+        self, request: pb.NotifyCompactionRequest, context: Any
+    ) -> pb.NotifyCompactionResponse:
+        session_id = _require_session(request.session_id)
+        return pb.NotifyCompactionResponse(invalidated=self._engine.notify_compaction(session_id))
 
-    def EndSession(self, request: Any, context: Any) -> Any:
-        raise Unimplemented("EndSession is not implemented in this release")
+    def EndSession(self, request: pb.EndSessionRequest, context: Any) -> pb.EndSessionResponse:
+        session_id = _require_session(request.session_id)
+        return pb.EndSessionResponse(dropped=self._engine.end_session(session_id))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,7 @@ def _to_memory(row: _Row) -> Memory:
         confidence=row.confidence,
         created_at=from_micros(row.created_at),
         updated_at=from_micros(row.updated_at),
+        seq=row.seq,
     )
 
 
@@ -111,6 +112,7 @@ class Store:
         busy_timeout_ms: int = 5000,
         max_connections: int = 64,
         clock: Clock = system_clock,
+        on_query: Callable[[str, float], None] | None = None,
     ) -> None:
         self.path = path
         self._clock = clock
@@ -121,6 +123,9 @@ class Store:
             max_connections=max_connections,
         )
         self._rows = _bind(self._db)
+        if on_query is not None:
+            # Peewee 4.5 reports every statement it runs, with its duration.
+            self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -314,7 +319,7 @@ class Store:
 
     # --- reads --------------------------------------------------------------
 
-    def list(
+    def list_memories(
         self, scope: Scope, tiers: Collection[Tier], category: str = ""
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
         """Entries of the given tiers in insertion order, and each tier's usage.
@@ -329,6 +334,14 @@ class Store:
             memories = [_to_memory(row) for row in query.order_by(Row.seq)]
             usage = {tier: self._usage(scope.owner(tier), tier) for tier in tiers}
         return memories, usage
+
+    def tier_entries(self, tier: Tier, owner: str) -> tuple[list[Memory], Usage]:
+        """One owner's entries of one tier in insertion order, and their usage."""
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), self._db.atomic():
+            query = Row.select().where((Row.owner == owner) & (Row.tier == tier.value))
+            memories = [_to_memory(row) for row in query.order_by(Row.seq)]
+        return memories, Usage.of(len(m.content) for m in memories)
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         with self._guard(), self._db.connection_context(), self._db.atomic():

@@ -16,10 +16,12 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from prometheus_client import CollectorRegistry
 
 from sidecar import config as config_mod
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.metrics import Metrics
 from sidecar.server import Addresses, Sidecar
 from sidecar.store import Store
 
@@ -50,9 +52,12 @@ def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:
         cfg_file.write_text(yaml_text)
     flags = {"db": str(db_path), "listen": "127.0.0.1:0", **server}
     cfg = config_mod.load(cfg_file, environ={}, flags=flags)
-    store = Store(str(db_path), max_connections=cfg.server.max_workers + 4)
+    metrics = Metrics(CollectorRegistry())
+    store = Store(
+        str(db_path), max_connections=cfg.server.max_workers + 4, on_query=metrics.db_query
+    )
     store.open()
-    sidecar = Sidecar(cfg, store)
+    sidecar = Sidecar(cfg, store, metrics=metrics)
     addresses = sidecar.start()
     channel = grpc.insecure_channel(addresses.api)
     return Running(sidecar, store, addresses, channel, pb_grpc.MemoryServiceStub(channel), db_path)

@@ -208,7 +208,7 @@ class InjectForTurnRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., user_message: _Optional[str] = ..., recent_messages: _Optional[_Iterable[str]] = ..., keywords: _Optional[_Iterable[str]] = ..., strategy: _Optional[_Union[KeywordStrategy, str]] = ..., max_memories: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class InjectForTurnResponse(_message.Message):
-    __slots__ = ("system_block", "turn_context", "snapshot_generation", "snapshot_sha256", "cache_hit", "injected_memory_ids", "system_block_tokens", "turn_context_tokens", "token_counter", "usage")
+    __slots__ = ("system_block", "turn_context", "snapshot_generation", "snapshot_sha256", "cache_hit", "injected_memory_ids", "system_block_tokens", "turn_context_tokens", "token_counter", "usage", "system_block_memory_ids")
     SYSTEM_BLOCK_FIELD_NUMBER: _ClassVar[int]
     TURN_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class InjectForTurnResponse(_message.Message):
     TURN_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_BLOCK_MEMORY_IDS_FIELD_NUMBER: _ClassVar[int]
     system_block: str
     turn_context: str
     snapshot_generation: int
@@ -229,7 +230,8 @@ class InjectForTurnResponse(_message.Message):
     turn_context_tokens: int
     token_counter: TokenCounter
     usage: _containers.RepeatedCompositeFieldContainer[TierUsage]
-    def __init__(self, system_block: _Optional[str] = ..., turn_context: _Optional[str] = ..., snapshot_generation: _Optional[int] = ..., snapshot_sha256: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., injected_memory_ids: _Optional[_Iterable[str]] = ..., system_block_tokens: _Optional[int] = ..., turn_context_tokens: _Optional[int] = ..., token_counter: _Optional[_Union[TokenCounter, str]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+    system_block_memory_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, system_block: _Optional[str] = ..., turn_context: _Optional[str] = ..., snapshot_generation: _Optional[int] = ..., snapshot_sha256: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., injected_memory_ids: _Optional[_Iterable[str]] = ..., system_block_tokens: _Optional[int] = ..., turn_context_tokens: _Optional[int] = ..., token_counter: _Optional[_Union[TokenCounter, str]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., system_block_memory_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NotifyCompactionRequest(_message.Message):
     __slots__ = ("session_id",)

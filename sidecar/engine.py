@@ -1,0 +1,414 @@
+"""The engine: writes that advance generations, ranked search, InjectForTurn.
+
+Caches, from the bottom up:
+
+- `Generations`: a counter per partition (one tier of one owner), advanced by
+  every write after it commits and before it is acknowledged.
+- Partitions: a partition's entries and keyword index as of one generation,
+  kept in a bounded LRU and shared by every search, view and session.
+- Views: a scope's snapshot (the rendered frozen block and the partitions it
+  came from), shared by every session of that scope and generation, and kept
+  only while some session holds it.
+- Sessions (sidecar.sessions): which view each runtime session is using.
+
+A cached turn reads only these, so it runs no database query at all.
+
+Locks, outermost first: a view stripe, then a partition stripe, then the
+short-lived dictionary locks inside Generations, _LRU and SessionTable.
+Nothing is ever taken in the other order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar import blocks
+from sidecar.config import AgentSettings, Config
+from sidecar.keywords import keywords
+from sidecar.llm import KeywordModel, KeywordModelError
+from sidecar.memory import Memory, Scope, Tier, Usage
+from sidecar.metrics import Metrics
+from sidecar.ranking import Partition, Weights, rank
+from sidecar.sessions import Limits, SessionTable
+from sidecar.store import Store
+from sidecar.tokens import TokenCounter
+
+PartitionKey = tuple[Tier, str]
+_STRIPES = 64
+
+
+class Generations:
+    """Per-partition write counters, drawn from one global sequence.
+
+    Because every new value is larger than every value before it, a view
+    built at generation g (the largest of its partitions') is stale exactly
+    when one of its partitions has moved on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._of: dict[PartitionKey, int] = {}
+
+    def current(self, key: PartitionKey) -> int:
+        return self._of.get(key, 0)
+
+    def advance(self, key: PartitionKey) -> int:
+        with self._lock:
+            self._counter += 1
+            self._of[key] = self._counter
+            return self._counter
+
+
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[PartitionKey, Partition] = OrderedDict()
+
+    def get(self, key: PartitionKey) -> Partition | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: PartitionKey, item: Partition) -> None:
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
+class View:
+    """A scope's snapshot: the frozen block and where it came from."""
+
+    scope: Scope
+    partitions: tuple[Partition, ...]
+    generation: int
+    system_block: str
+    sha256: str
+    shown_ids: tuple[str, ...]
+    system_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """What InjectForTurn answers."""
+
+    system_block: str
+    turn_context: str
+    generation: int
+    sha256: str
+    cache_hit: bool
+    system_memory_ids: tuple[str, ...]
+    turn_memory_ids: tuple[str, ...]
+    system_tokens: int
+    turn_tokens: int
+    token_counter: str
+    usage: dict[Tier, Usage]
+
+
+def _weights(settings: AgentSettings) -> Weights:
+    return Weights(settings.similarity_weight, settings.confidence_weight)
+
+
+class MemoryEngine:
+    """Everything the service does, over one store."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        *,
+        metrics: Metrics | None = None,
+        tokens: TokenCounter | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._metrics = metrics or Metrics()
+        self.tokens = tokens or TokenCounter()
+        self._now = now
+        self._generations = Generations()
+        self._partitions = _LRU(config.server.partition_cache_size)
+        self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
+            weakref.WeakValueDictionary()
+        )
+        self._view_locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._partition_locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._sessions: SessionTable[View] = SessionTable(
+            self._limits, on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc
+        )
+        self._metrics.sessions_active.set_function(lambda: len(self._sessions))
+
+    def settings(self, scope: Scope) -> AgentSettings:
+        return self._config.for_agent(scope.agent_id)
+
+    def _limits(self, agent_id: str) -> Limits:
+        settings = self._config.for_agent(agent_id)
+        return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
+
+    # --- writes -------------------------------------------------------------
+
+    def _written(self, tier: Tier, owner: str) -> None:
+        # After the commit and before the acknowledgement: a turn that starts
+        # after the client hears back never sees the old snapshot as current.
+        self._generations.advance((tier, owner))
+        self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def add(
+        self, scope: Scope, tier: Tier, content: str, category: str, confidence: float
+    ) -> tuple[Memory, Usage, bool]:
+        policy = self.settings(scope).policy(tier)
+        memory, usage, created = self._store.add(scope, tier, content, category, confidence, policy)
+        if created:
+            self._written(tier, scope.owner(tier))
+        return memory, usage, created
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        content: str | None,
+        category: str | None,
+        confidence: float | None,
+    ) -> tuple[Memory, Usage]:
+        memory, usage = self._store.update(
+            scope,
+            memory_id,
+            self.settings(scope).policies(),
+            content=content,
+            category=category,
+            confidence=confidence,
+        )
+        self._written(memory.tier, scope.owner(memory.tier))
+        return memory, usage
+
+    def delete(self, scope: Scope, memory_id: str) -> tuple[Memory, Usage]:
+        memory, usage = self._store.delete(scope, memory_id)
+        self._written(memory.tier, scope.owner(memory.tier))
+        return memory, usage
+
+    # --- reads --------------------------------------------------------------
+
+    def list_memories(
+        self, scope: Scope, tiers: Sequence[Tier], category: str
+    ) -> tuple[list[Memory], dict[Tier, Usage]]:
+        return self._store.list_memories(scope, tiers, category)
+
+    def search(
+        self,
+        scope: Scope,
+        query: str,
+        tiers: Sequence[Tier],
+        *,
+        category: str = "",
+        limit: int,
+        match_all: bool = False,
+    ) -> list[tuple[Memory, float]]:
+        partitions = [self._partition((tier, scope.owner(tier))) for tier in tiers]
+        hits = rank(
+            partitions,
+            keywords([query]),
+            _weights(self.settings(scope)),
+            match_all=match_all,
+            category=category,
+        )
+        return hits[:limit]
+
+    def _partition(self, key: PartitionKey, *, force: bool = False) -> Partition:
+        """The partition as of its current generation, loaded at most once."""
+        cached = self._partitions.get(key)
+        if cached is not None and not force and cached.generation == self._generations.current(key):
+            return cached
+        with self._partition_locks[hash(key) % _STRIPES]:
+            # Read the generation before the rows: a write that commits while
+            # we load advances it past this tag, so the next caller reloads.
+            generation = self._generations.current(key)
+            cached = self._partitions.get(key)
+            if cached is not None and cached.generation == generation and not force:
+                return cached
+            memories, usage = self._store.tier_entries(*key)
+            partition = Partition.build(key[0], key[1], generation, memories, usage)
+            self._partitions.put(key, partition)
+            return partition
+
+    def _is_current(self, view: View) -> bool:
+        return all(
+            p.generation == self._generations.current((p.tier, p.owner)) for p in view.partitions
+        )
+
+    def _view(self, scope: Scope, settings: AgentSettings, *, force: bool) -> View:
+        """The scope's current snapshot; built once however many callers ask."""
+        key = (scope.agent_id, scope.user_id)
+        view = self._views.get(key)
+        if view is not None and not force and self._is_current(view):
+            return view
+        with self._view_locks[hash(key) % _STRIPES]:
+            view = self._views.get(key)
+            if view is not None and not force and self._is_current(view):
+                return view
+            partitions = tuple(
+                self._partition((tier, scope.owner(tier)), force=force) for tier in Tier
+            )
+            view = self._build_view(scope, partitions, settings)
+            self._views[key] = view
+            return view
+
+    def _build_view(
+        self, scope: Scope, partitions: tuple[Partition, ...], settings: AgentSettings
+    ) -> View:
+        parts: list[blocks.TierBlock | None] = []
+        if settings.inject_system_block:
+            for partition in partitions:
+                policy = settings.policy(partition.tier)
+                parts.append(
+                    blocks.tier_block(
+                        partition.tier,
+                        partition.memories,
+                        partition.usage,
+                        policy.limit_chars,
+                        count_tokens=self.tokens.count,
+                        max_tokens=settings.max_injection_tokens,
+                    )
+                    if policy.enabled
+                    else None
+                )
+        text = blocks.system_block(parts)
+        return View(
+            scope=scope,
+            partitions=partitions,
+            generation=max(p.generation for p in partitions),
+            system_block=text,
+            sha256=hashlib.sha256(text.encode()).hexdigest(),
+            shown_ids=tuple(m.id for part in parts if part for m in part.shown),
+            system_tokens=self.tokens.count(text),
+        )
+
+    # --- turns --------------------------------------------------------------
+
+    def inject(
+        self,
+        scope: Scope,
+        session_id: str,
+        *,
+        user_message: str = "",
+        recent_messages: Sequence[str] = (),
+        given_keywords: Sequence[str] = (),
+        strategy: str = "",
+        max_memories: int = 0,
+        max_tokens: int = 0,
+    ) -> Injection:
+        settings = self.settings(scope)
+        session = self._sessions.get(session_id, scope.agent_id, self._now())
+        view = session.view
+        frozen = settings.snapshot_refresh == "on_compaction"
+        hit = view is not None and view.scope == scope and (frozen or self._is_current(view))
+        if not hit:
+            epoch, compacted = session.epoch, session.compacted
+            view = self._view(scope, settings, force=compacted)
+            self._sessions.attach(session, view, epoch)
+        assert view is not None
+        self._metrics.snapshot_lookups.labels("hit" if hit else "miss").inc()
+
+        # The turn block always reflects the store as of now (under
+        # on_compaction too: only the frozen block waits for compaction).
+        current = {
+            p.tier: p if self._is_current_partition(p) else self._partition((p.tier, p.owner))
+            for p in view.partitions
+        }
+        turn_ids: list[str] = []
+        elements: list[str] = []
+        if settings.inject_memories:
+            enabled = [current[t] for t in Tier if settings.policy(t).enabled]
+            terms = self._keywords(
+                settings, strategy, user_message, recent_messages, given_keywords
+            )
+            shown = set(view.shown_ids)
+            cap = max_memories or settings.max_inject_memories
+            budget = max_tokens or settings.max_injection_tokens
+            spent = self.tokens.count(blocks.turn_context([""]))
+            for memory, _score in rank(enabled, terms, _weights(settings)):
+                if len(elements) >= cap:
+                    break
+                if memory.id in shown:
+                    continue
+                element = blocks.memory_element(memory)
+                cost = self.tokens.count(element)
+                if spent + cost > budget:
+                    continue
+                elements.append(element)
+                turn_ids.append(memory.id)
+                spent += cost
+        turn = blocks.turn_context(elements)
+        return Injection(
+            system_block=view.system_block,
+            turn_context=turn,
+            generation=view.generation,
+            sha256=view.sha256,
+            cache_hit=hit,
+            system_memory_ids=view.shown_ids,
+            turn_memory_ids=tuple(turn_ids),
+            system_tokens=view.system_tokens,
+            turn_tokens=self.tokens.count(turn),
+            token_counter=self.tokens.name,
+            usage={tier: p.usage for tier, p in current.items()},
+        )
+
+    def _is_current_partition(self, partition: Partition) -> bool:
+        return partition.generation == self._generations.current((partition.tier, partition.owner))
+
+    def _keywords(
+        self,
+        settings: AgentSettings,
+        strategy: str,
+        user_message: str,
+        recent: Sequence[str],
+        given: Sequence[str],
+    ) -> list[str]:
+        texts = [t for t in (user_message, *recent) if t.strip()]
+        if not texts and not given:
+            return []
+        if (strategy or settings.inject_memories_strategy) == "llm":
+            if given:
+                return keywords(given)
+            if not settings.keyword_llm_base_url:
+                self._metrics.keyword_fallbacks.labels("no_endpoint").inc()
+                return keywords(texts)
+            model = KeywordModel(
+                settings.keyword_llm_base_url,
+                settings.keyword_llm_model,
+                settings.keyword_llm_api_key,
+                settings.keyword_llm_timeout_seconds,
+            )
+            try:
+                return model.keywords("\n".join(texts))
+            except KeywordModelError as exc:
+                self._metrics.keyword_fallbacks.labels(exc.reason).inc()
+        return keywords([*texts, *given])
+
+    def notify_compaction(self, session_id: str) -> bool:
+        invalidated = self._sessions.invalidate(session_id)
+        if invalidated:
+            self._metrics.snapshot_invalidations.labels("compaction").inc()
+        return invalidated
+
+    def end_session(self, session_id: str) -> bool:
+        dropped = self._sessions.drop(session_id)
+        if dropped:
+            self._metrics.snapshot_invalidations.labels("session_end").inc()
+        return dropped
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Evict idle and surplus sessions; the janitor calls this periodically."""
+        return self._sessions.evict_idle(self._now() if now is None else now)

@@ -1,0 +1,110 @@
+"""Keywords from text: the `local` strategy's tokenizer and stemmer.
+
+It starts from the seed's BM25 tokenizer (lowercase, strip punctuation, split
+on whitespace, drop tokens of 2 characters or fewer, drop stopwords) and fixes
+what that misses on conversational text:
+
+- a possessive ("Caroline's", with a straight or a typographic apostrophe,
+  or "parents'") matches the bare word;
+- plurals and simple inflections ("dogs", "hiking", "moved", "cities") match
+  their stem, because memories and queries go through the same stemmer;
+- any Unicode punctuation or symbol separates words, not just ASCII;
+- lengths are counted in characters, not bytes.
+
+The stemmer is deliberately small (suffix rules in the spirit of Porter's
+step 1): both sides of a match are stemmed the same way, so consistency
+matters more than linguistic accuracy.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+MIN_CHARS = 3
+
+# The seed's list is 20 words; conversational questions need the common
+# question words and auxiliaries too, or "what did she ..." matches everything.
+_STOPWORD_TEXT = """
+a about above after again against all also am an and any are as at be because
+been before being below between both but by can cannot could did do does doing
+done down during each ever few for from further get got had has have having he
+her here hers herself him himself his how i if in into is it its itself just
+know let like me more most much my myself no nor not now of off on once one
+ones only or other our ours ourselves out over own really same she should so
+some still such tell than that the their theirs them themselves then there these
+they think this those through to too under until up very want wants was we were
+what when where which while who whom why will with would yes you your yours
+yourself yourselves
+"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+# Apostrophe look-alikes, folded to ' before possessives are removed.
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\uff07": "'", "`": "'"})
+_POSSESSIVE = re.compile(r"(?<=\w)'s\b|(?<=s)'(?=\s|$)")
+
+
+def _is_separator(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] in "PSZC"
+
+
+def words(text: str) -> list[str]:
+    """Lowercased words with possessives and punctuation removed."""
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
+    text = _POSSESSIVE.sub("", text)
+    cleaned = "".join(" " if _is_separator(ch) else ch for ch in text)
+    return cleaned.split()
+
+
+_DOUBLE = re.compile(r"([b-df-hj-km-np-tv-z])\1$")
+
+
+def stem(word: str) -> str:
+    """A light stem: plural and verb endings off, a final 'e' dropped.
+
+    dogs, dog -> dog; cities, city -> citi; hiking, hikes, hiked, hike -> hik;
+    running, runs -> run; married, marries, marry -> marri.
+    """
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    base = word
+    if base.endswith("sses"):
+        base = base[:-2]
+    elif base.endswith("ies") and len(base) > 4:
+        base = base[:-3] + "i"
+    elif (base.endswith("es") and base[-3] in "sxz") or base.endswith(("ches", "shes")):
+        base = base[:-2]
+    elif base.endswith("s") and not base.endswith(("ss", "us", "is")):
+        base = base[:-1]
+    elif base.endswith("ied") and len(base) > 4:
+        base = base[:-3] + "i"
+    elif base.endswith("ing") and len(base) > 5:
+        base = base[:-3]
+    elif base.endswith("ed") and len(base) > 4:
+        base = base[:-2]
+    if base.endswith("y") and len(base) > 3 and base[-2] not in "aeiou":
+        base = base[:-1] + "i"
+    if _DOUBLE.search(base) and base[-1] not in "lsz":
+        base = base[:-1]
+    if base.endswith("e") and len(base) > 3:
+        base = base[:-1]
+    return base if len(base) >= MIN_CHARS else word
+
+
+def terms(text: str) -> list[str]:
+    """Every stemmed, non-stopword term of the text, in order, repeats kept.
+
+    Used to index a memory: term frequency matters to BM25.
+    """
+    return [stem(word) for word in words(text) if len(word) >= MIN_CHARS and word not in STOPWORDS]
+
+
+def keywords(texts: Iterable[str]) -> list[str]:
+    """The distinct terms of some texts, in first-seen order."""
+    seen: dict[str, None] = {}
+    for text in texts:
+        for term in terms(text):
+            seen.setdefault(term, None)
+    return list(seen)

@@ -1,0 +1,152 @@
+"""Sessions: which snapshot each runtime session is using, and when to let go.
+
+A session maps a runtime's session_id to the snapshot (a `View`, built by the
+engine) its frozen block came from. Sessions that never call EndSession are
+evicted after an idle TTL, and beyond a maximum count per agent (least
+recently used first), so a leaky runtime cannot grow the daemon without bound.
+
+All state sits behind one lock held only for dictionary updates; building a
+snapshot happens outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+@dataclass(slots=True)
+class Session(Generic[V]):
+    agent_id: str
+    view: V | None
+    last_used: float
+    # Set by compaction: the next snapshot is read afresh from the database.
+    compacted: bool = False
+    # Advanced by every invalidation, so a rebuild that raced one can tell.
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    idle_ttl_seconds: float
+    max_sessions: int
+
+
+class SessionTable(Generic[V]):
+    """session_id -> Session, kept in least-recently-used order per agent.
+
+    `limits(agent_id)` gives each agent's TTL and cap; `on_evict(count)` is
+    told how many sessions eviction removed.
+    """
+
+    def __init__(
+        self,
+        limits: Callable[[str], Limits],
+        on_evict: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self._limits = limits
+        self._on_evict = on_evict
+        self._lock = threading.Lock()
+        self._agents: dict[str, OrderedDict[str, Session[V]]] = {}
+        self._agent_of: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._agent_of)
+
+    def get(self, session_id: str, agent_id: str, now: float) -> Session[V]:
+        """The session, marked as used now; a new one if unknown or re-scoped.
+
+        A session_id seen again under another agent starts afresh: snapshots
+        never cross scopes.
+        """
+        with self._lock:
+            previous = self._agent_of.get(session_id)
+            if previous is not None and previous != agent_id:
+                self._pop(session_id)
+            sessions = self._agents.setdefault(agent_id, OrderedDict())
+            session = sessions.get(session_id)
+            if session is None:
+                session = Session(agent_id, None, now)
+                sessions[session_id] = session
+                self._agent_of[session_id] = agent_id
+            else:
+                session.last_used = now
+                sessions.move_to_end(session_id)
+            evicted = self._evict_agent(agent_id, now, keep=session_id)
+        if evicted:
+            self._on_evict(evicted)
+        return session
+
+    def invalidate(self, session_id: str) -> bool:
+        """Forget a session's snapshot (it is rebuilt on its next turn)."""
+        with self._lock:
+            agent_id = self._agent_of.get(session_id)
+            if agent_id is None:
+                return False
+            session = self._agents[agent_id][session_id]
+            had_view = session.view is not None
+            session.view = None
+            session.compacted = True
+            session.epoch += 1
+            return had_view
+
+    def attach(self, session: Session[V], view: V, epoch: int) -> bool:
+        """Give a session the view built for it, unless it was invalidated since
+        `epoch` was read: then it keeps no view and rebuilds on its next turn."""
+        with self._lock:
+            if session.epoch != epoch:
+                return False
+            session.view = view
+            session.compacted = False
+            return True
+
+    def drop(self, session_id: str) -> bool:
+        """End a session; the same id later starts afresh."""
+        with self._lock:
+            return self._pop(session_id)
+
+    def evict_idle(self, now: float) -> int:
+        """Evict every session idle past its agent's TTL or over its cap."""
+        with self._lock:
+            evicted = sum(self._evict_agent(agent, now) for agent in list(self._agents))
+        if evicted:
+            self._on_evict(evicted)
+        return evicted
+
+    # --- under the lock -----------------------------------------------------
+
+    def _pop(self, session_id: str) -> bool:
+        agent_id = self._agent_of.pop(session_id, None)
+        if agent_id is None:
+            return False
+        sessions = self._agents[agent_id]
+        del sessions[session_id]
+        if not sessions:
+            del self._agents[agent_id]
+        return True
+
+    def _evict_agent(self, agent_id: str, now: float, keep: str | None = None) -> int:
+        sessions = self._agents.get(agent_id)
+        if not sessions:
+            return 0
+        limits = self._limits(agent_id)
+        evicted = 0
+        # Oldest first: the front of the ordered dict is the least recently used.
+        while sessions:
+            session_id, session = next(iter(sessions.items()))
+            if session_id == keep:
+                break
+            idle = now - session.last_used >= limits.idle_ttl_seconds
+            if not idle and len(sessions) <= limits.max_sessions:
+                break
+            del sessions[session_id]
+            del self._agent_of[session_id]
+            evicted += 1
+        if not sessions:
+            del self._agents[agent_id]
+        return evicted
