@@ -72,6 +72,9 @@ class _LRU:
         self._lock = threading.Lock()
         self._items: OrderedDict[PartitionKey, Partition] = OrderedDict()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, key: PartitionKey) -> Partition | None:
         with self._lock:
             item = self._items.get(key)
@@ -115,6 +118,15 @@ class Injection:
     turn_tokens: int
     token_counter: str
     usage: dict[Tier, Usage]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """What the engine holds in memory."""
+
+    sessions: int
+    views: int
+    partitions: int
 
 
 def _weights(settings: AgentSettings) -> Weights:
@@ -408,6 +420,9 @@ class MemoryEngine:
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
         return dropped
+
+    def stats(self) -> Stats:
+        return Stats(len(self._sessions), len(self._views), len(self._partitions))
 
     def evict_idle(self, now: float | None = None) -> int:
         """Evict idle and surplus sessions; the janitor calls this periodically."""

@@ -16,7 +16,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import config as config_mod
 from sidecar._proto.memory.v1 import memory_pb2 as pb
@@ -42,6 +43,23 @@ class Running:
 
     def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
         return self.stub.GetMemories(pb.GetMemoriesRequest(**fields), timeout=timeout)
+
+    def turn(self, session_id: str, message: str = "", **fields: Any) -> pb.InjectForTurnResponse:
+        request = pb.InjectForTurnRequest(session_id=session_id, user_message=message, **fields)
+        return self.stub.InjectForTurn(request, timeout=10)
+
+    def db_queries(self) -> float:
+        """SQL statements the store has run so far (from the metrics registry)."""
+        families = text_string_to_metric_families(
+            generate_latest(self.sidecar.metrics.registry).decode()
+        )
+        return sum(
+            sample.value
+            for family in families
+            if family.name == "memory_db_queries"
+            for sample in family.samples
+            if sample.name == "memory_db_queries_total"
+        )
 
 
 def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:

@@ -1,0 +1,79 @@
+"""The local keyword strategy: the seed's tokenizer with its weaknesses fixed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.keywords import keywords, stem, terms
+
+
+def test_the_seeds_basic_rules() -> None:
+    # lowercase, strip punctuation, split on whitespace, drop short tokens and stopwords
+    assert keywords(["The DOG, a cat; and an OX!"]) == ["dog", "cat"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Caroline's", "Caroline\u2019s", "Caroline\u02bcs", "CAROLINE'S", "caroline"],
+)
+def test_possessives_match_the_bare_word(text: str) -> None:
+    assert keywords([text]) == keywords(["Caroline"])
+
+
+def test_plural_possessive() -> None:
+    assert keywords(["my parents' house"]) == keywords(["parent house"])
+
+
+@pytest.mark.parametrize(
+    ("variants"),
+    [
+        ["dog", "dogs"],
+        ["city", "cities"],
+        ["hike", "hikes", "hiked", "hiking"],
+        ["run", "runs", "running"],
+        ["paint", "painted", "painting", "paints"],
+        ["box", "boxes"],
+        ["marry", "married", "marries"],
+        ["adopt", "adopted", "adopting"],
+        ["class", "classes"],
+        ["watch", "watches", "watched"],
+    ],
+)
+def test_inflections_share_a_stem(variants: list[str]) -> None:
+    assert len({stem(word) for word in variants}) == 1, {w: stem(w) for w in variants}
+
+
+def test_unicode_punctuation_separates_words() -> None:
+    text = "«Berlin»—Paris…Tokyo“Lima”¿Quito?¡Oslo!・Kyiv、Seoul"
+    assert keywords([text]) == [
+        "berlin",
+        "paris",
+        "tokyo",
+        "lima",
+        "quito",
+        "oslo",
+        "kyiv",
+        "seoul",
+    ]
+
+
+def test_length_is_counted_in_characters_not_bytes() -> None:
+    # Two characters (six UTF-8 bytes) are too short; three are kept.
+    assert keywords(["猫犬 東京都"]) == ["東京都"]
+    assert keywords(["ñu élan"]) == ["élan"]
+
+
+def test_question_words_are_stopwords() -> None:
+    assert keywords(["What did Melanie paint when she was at the lake?"]) == [
+        stem("melanie"),
+        "paint",
+        stem("lake"),
+    ]
+
+
+def test_terms_keep_repeats_for_term_frequency() -> None:
+    assert terms("dogs and more dogs") == ["dog", "dog"]
+
+
+def test_keywords_are_distinct_in_first_seen_order() -> None:
+    assert keywords(["Berlin trip", "berlin TRIPS home"]) == ["berlin", "trip", stem("home")]
