@@ -62,14 +62,16 @@ class Running:
         )
 
 
-def start_sidecar(db_path: Path, yaml_text: str = "", **server: Any) -> Running:
+def start_sidecar(
+    db_path: Path, yaml_text: str = "", environ: dict[str, str] | None = None, **server: Any
+) -> Running:
     """A real Sidecar on 127.0.0.1:0 with its own store and channel."""
     cfg_file = None
     if yaml_text:
         cfg_file = db_path.parent / f"{db_path.stem}-config.yaml"
         cfg_file.write_text(yaml_text)
     flags = {"db": str(db_path), "listen": "127.0.0.1:0", **server}
-    cfg = config_mod.load(cfg_file, environ={}, flags=flags)
+    cfg = config_mod.load(cfg_file, environ=environ or {}, flags=flags)
     metrics = Metrics(CollectorRegistry())
     store = Store(
         str(db_path), max_connections=cfg.server.max_workers + 4, on_query=metrics.db_query
@@ -99,8 +101,14 @@ def _no_sidecar_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def make_sidecar(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def make(yaml_text: str = "", *, name: str = "memory.db", **server: Any) -> Running:
-        running = start_sidecar(tmp_path / name, yaml_text, **server)
+    def make(
+        yaml_text: str = "",
+        *,
+        name: str = "memory.db",
+        environ: dict[str, str] | None = None,
+        **server: Any,
+    ) -> Running:
+        running = start_sidecar(tmp_path / name, yaml_text, environ, **server)
         started.append(running)
         return running
 

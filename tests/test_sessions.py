@@ -1,0 +1,176 @@
+"""Session lifetimes and thread safety of snapshots."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar import config
+from sidecar.engine import MemoryEngine
+from sidecar.memory import Scope, Tier
+from sidecar.metrics import Metrics
+from sidecar.sessions import Limits, SessionTable
+from sidecar.store import Store
+from tests.conftest import MakeSidecar
+
+SCOPE = Scope(agent_id="coder", user_id="ada")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+MakeEngine = Callable[..., tuple[MemoryEngine, Clock, Metrics]]
+
+
+@pytest.fixture
+def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
+    """An engine over a real store, with a clock the test moves by hand."""
+    stores: list[Store] = []
+
+    def make(yaml_text: str = "") -> tuple[MemoryEngine, Clock, Metrics]:
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml_text)
+        cfg = config.load(path, environ={})
+        metrics = Metrics(CollectorRegistry())
+        store = Store(str(tmp_path / "m.db"), on_query=metrics.db_query)
+        store.open()
+        stores.append(store)
+        clock = Clock()
+        return MemoryEngine(cfg, store, metrics=metrics, now=clock), clock, metrics
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def evicted(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value(
+        "memory_snapshot_invalidations_total", {"reason": "evicted"}
+    )
+    assert value is not None
+    return value
+
+
+def test_idle_sessions_are_evicted_after_the_ttl(make_engine: MakeEngine) -> None:
+    engine, clock, metrics = make_engine("defaults: {session_idle_ttl_seconds: 10}")
+    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.inject(SCOPE, "early")
+    clock.now = 5
+    engine.inject(SCOPE, "later")
+
+    clock.now = 12
+    assert engine.evict_idle() == 1
+    assert engine.stats().sessions == 1
+    assert evicted(metrics) == 1
+    assert engine.inject(SCOPE, "later").cache_hit
+    assert not engine.inject(SCOPE, "early").cache_hit  # starts afresh
+
+    clock.now = 100
+    assert engine.evict_idle() == 2
+    assert engine.stats() == engine.stats().__class__(sessions=0, views=0, partitions=2)
+
+
+def test_sessions_beyond_the_cap_go_least_recently_used_first(make_engine: MakeEngine) -> None:
+    engine, clock, metrics = make_engine("agents: {coder: {max_sessions: 3}}")
+    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    for n in range(3):
+        clock.now = n
+        engine.inject(SCOPE, f"s{n}")
+    clock.now = 3
+    engine.inject(SCOPE, "s0")  # s0 is now the most recently used
+    clock.now = 4
+    engine.inject(SCOPE, "s3")  # a fourth session pushes out s1
+    assert engine.stats().sessions == 3
+    assert evicted(metrics) == 1
+    assert engine.inject(SCOPE, "s0").cache_hit
+    assert engine.inject(SCOPE, "s2").cache_hit
+    assert not engine.inject(SCOPE, "s1").cache_hit
+    # Other agents have their own cap.
+    other = Scope(agent_id="writer")
+    for n in range(5):
+        engine.inject(other, f"w{n}")
+    assert engine.stats().sessions == 3 + 5
+
+
+def test_a_stale_snapshot_is_rebuilt_once_for_many_concurrent_callers(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, metrics = make_engine()
+    engine.add(SCOPE, Tier.MEMORY, "first note", "", 1.0)
+    sessions = [f"s{n}" for n in range(16)]
+    for session in sessions:
+        engine.inject(SCOPE, session)
+    engine.add(SCOPE, Tier.MEMORY, "second note", "", 1.0)
+
+    def selects() -> float:
+        return (
+            metrics.registry.get_sample_value("memory_db_queries_total", {"operation": "select"})
+            or 0.0
+        )
+
+    before = selects()
+    barrier = threading.Barrier(len(sessions))
+
+    def turn(session: str) -> str:
+        barrier.wait()
+        return engine.inject(SCOPE, session).system_block
+
+    with ThreadPoolExecutor(max_workers=len(sessions)) as pool:
+        blocks = list(pool.map(turn, sessions))
+    assert len(set(blocks)) == 1
+    assert "second note" in blocks[0]
+    assert selects() - before == 1  # one partition reloaded, once
+    assert engine.stats().views == 1
+
+
+def test_an_invalidation_racing_a_rebuild_is_not_lost() -> None:
+    table: SessionTable[str] = SessionTable(lambda agent: Limits(60, 10))
+    session = table.get("s", "coder", now=0)
+    epoch = session.epoch  # a turn starts building a view...
+    assert not table.invalidate("s")  # ...compaction arrives meanwhile...
+    assert not table.attach(session, "view built before compaction", epoch)
+    assert session.view is None  # ...so the next turn rebuilds again
+    assert session.compacted
+    assert table.attach(session, "fresh view", session.epoch)
+    assert session.view == "fresh view"
+    assert table.invalidate("s")
+
+
+def test_no_stale_block_after_an_acknowledged_write(make_sidecar: MakeSidecar) -> None:
+    from sidecar._proto.memory.v1 import memory_pb2 as pb
+
+    running = make_sidecar(max_workers=8)
+    scope = pb.Scope(agent_id="coder", user_id="ada")
+    writers = 6
+    owned = [running.add(f"thread {i} version 0", scope=scope).memory.id for i in range(writers)]
+
+    def work(i: int) -> list[str]:
+        problems = []
+        for version in range(1, 15):
+            content = f"thread {i} version {version}"
+            running.stub.UpdateMemory(
+                pb.UpdateMemoryRequest(scope=scope, id=owned[i], content=content), timeout=10
+            )
+            turn = running.turn(f"session-{i}", "version", scope=scope)
+            if content not in turn.system_block:
+                problems.append(f"{content!r} missing after its update was acknowledged")
+            hits = running.stub.SearchMemories(
+                pb.SearchMemoriesRequest(scope=scope, query=f"version {version}", limit=50)
+            ).hits
+            if content not in [h.memory.content for h in hits]:
+                problems.append(f"{content!r} not found by search")
+        return problems
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        problems = [p for result in pool.map(work, range(writers)) for p in result]
+    assert problems == []
