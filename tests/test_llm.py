@@ -1,0 +1,188 @@
+"""The llm keyword strategy against a real local chat-completions server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from tests.conftest import MakeSidecar, Running
+
+SCOPE = pb.Scope(agent_id="companion", user_id="caroline")
+
+
+@dataclass
+class ChatServer:
+    """Speaks just enough of the OpenAI chat-completions protocol."""
+
+    reply: str = "dogs, shelter"
+    status: int = 200
+    delay: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(
+                    {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+                )
+                time.sleep(server.delay)
+                payload = json.dumps(
+                    {
+                        "id": "chatcmpl-test",
+                        "object": "chat.completion",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": server.reply},
+                                "finish_reason": "stop",
+                            }
+                        ],
+                    }
+                ).encode()
+                self.send_response(server.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def chat() -> Iterator[ChatServer]:
+    state = ChatServer()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), state.handler())
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def llm_sidecar(make_sidecar: MakeSidecar, chat: ChatServer, *, timeout: float = 2.0) -> Running:
+    yaml_text = f"""
+defaults:
+  inject_system_block: false
+agents:
+  companion:
+    inject_memories_strategy: llm
+    keyword_llm_base_url: http://127.0.0.1:{chat.port}/v1
+    keyword_llm_model: keyword-model
+    keyword_llm_api_key_env: KEYWORD_API_KEY
+    keyword_llm_timeout_seconds: {timeout}
+"""
+    running = make_sidecar(yaml_text, environ={"KEYWORD_API_KEY": "sk-test-123"})
+    running.add("Caroline adopted two dogs from the shelter", scope=SCOPE)
+    running.add("Melanie paints landscapes on weekends", scope=SCOPE)
+    return running
+
+
+def fallbacks(running: Running, reason: str) -> float:
+    return (
+        running.sidecar.metrics.registry.get_sample_value(
+            "memory_keyword_fallbacks_total", {"reason": reason}
+        )
+        or 0.0
+    )
+
+
+def test_the_model_is_asked_for_keywords(make_sidecar: MakeSidecar, chat: ChatServer) -> None:
+    running = llm_sidecar(make_sidecar, chat)
+    turn = running.turn("s", "Tell me something nice about my friend", scope=SCOPE)
+
+    assert len(chat.requests) == 1
+    request = chat.requests[0]
+    assert request["path"] == "/v1/chat/completions"
+    assert request["auth"] == "Bearer sk-test-123"
+    assert request["body"]["model"] == "keyword-model"
+    assert request["body"]["messages"][-1] == {
+        "role": "user",
+        "content": "Tell me something nice about my friend",
+    }
+    # The model's keywords (dogs, shelter) chose the memory; the message alone
+    # shares no word with it.
+    assert turn.turn_context.count("<memory ") == 1
+    assert "adopted two dogs" in turn.turn_context
+
+
+def test_keywords_from_the_runtime_skip_the_model(
+    make_sidecar: MakeSidecar, chat: ChatServer
+) -> None:
+    running = llm_sidecar(make_sidecar, chat)
+    turn = running.turn("s", "anything at all", scope=SCOPE, keywords=["landscapes"])
+    assert chat.requests == []
+    assert "Melanie paints" in turn.turn_context
+    assert "dogs" not in turn.turn_context
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ({"status": 500}, "http_error"),
+        ({"delay": 1.0}, "timeout"),
+        ({"reply": "the and of"}, "empty"),
+    ],
+)
+def test_failures_fall_back_to_local_keywords_and_are_counted(
+    make_sidecar: MakeSidecar, chat: ChatServer, setup: dict[str, Any], reason: str
+) -> None:
+    for key, value in setup.items():
+        setattr(chat, key, value)
+    running = llm_sidecar(make_sidecar, chat, timeout=0.3)
+    turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert len(chat.requests) == 1
+    assert fallbacks(running, reason) == 1
+    # The local tokenizer found the memory from the message itself.
+    assert "Melanie paints" in turn.turn_context
+    assert "dogs" not in turn.turn_context
+
+
+def test_an_unreachable_endpoint_falls_back(make_sidecar: MakeSidecar) -> None:
+    with ThreadingHTTPServer(("127.0.0.1", 0), ChatServer().handler()) as probe:
+        port = probe.server_address[1]
+    # Nothing listens on `port` any more.
+    running = make_sidecar(f"""
+defaults:
+  inject_system_block: false
+  inject_memories_strategy: llm
+  keyword_llm_base_url: http://127.0.0.1:{port}/v1
+  keyword_llm_model: m
+""")
+    running.add("Melanie paints landscapes on weekends", scope=SCOPE)
+    turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert fallbacks(running, "unreachable") == 1
+    assert "Melanie paints" in turn.turn_context
+
+
+def test_llm_requested_without_an_endpoint_falls_back(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar("defaults: {inject_system_block: false}")
+    running.add("Melanie paints landscapes on weekends", scope=SCOPE)
+    turn = running.turn("s", "Does Melanie paint?", scope=SCOPE, strategy=pb.KEYWORD_STRATEGY_LLM)
+    assert fallbacks(running, "no_endpoint") == 1
+    assert "Melanie paints" in turn.turn_context
+
+
+def test_the_api_key_variable_must_be_set(make_sidecar: MakeSidecar) -> None:
+    from sidecar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="KEYWORD_API_KEY is not set"):
+        make_sidecar(
+            "defaults: {keyword_llm_base_url: 'http://x/v1', keyword_llm_model: m,"
+            " keyword_llm_api_key_env: KEYWORD_API_KEY}"
+        )
