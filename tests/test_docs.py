@@ -23,7 +23,9 @@ def test_readme_client_example_runs(sidecar: Running) -> None:
     assert lines[0].startswith("TIER_MEMORY ")
     assert lines[0].endswith(" The repo uses uv, not pip")
     assert lines[1].endswith(" Ada prefers short answers")
-    assert lines[2:] == ["TIER_MEMORY 25/2200 chars", "TIER_USER 25/1375 chars"]
+    assert lines[2:4] == ["TIER_MEMORY 25/2200 chars", "TIER_USER 25/1375 chars"]
+    assert lines[5] == "MEMORY (agent notes) [1% — 25/2,200 chars]"
+    assert "Ada prefers short answers" in lines
 
 
 def test_example_config_is_valid_and_states_the_defaults() -> None:
