@@ -41,6 +41,8 @@ QUESTIONS = [
     ("What did Caroline talk about in her school speeches?", 10),
     ("What instrument does Melanie play?", 11),
     ("Which of Caroline's things came from Sweden?", 6),
+    ("What did Melanie do in July 2023?", 9),
+    ("What happened in 2022?", 1),
 ]
 
 

@@ -146,6 +146,39 @@ def test_an_invalidation_racing_a_rebuild_is_not_lost() -> None:
     assert table.invalidate("s")
 
 
+def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> None:
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    engine.inject(SCOPE, "s")
+    compacted_upto = -1
+    done = threading.Event()
+    problems: list[str] = []
+
+    def writer() -> None:
+        nonlocal compacted_upto
+        for k in range(40):
+            engine.add(SCOPE, Tier.MEMORY, f"fact {k}", "", 1.0)
+            engine.notify_compaction("s")
+            compacted_upto = k
+        done.set()
+
+    def turner() -> None:
+        while not done.is_set():
+            seen = compacted_upto  # compaction of this fact finished before the turn began
+            block = engine.inject(SCOPE, "s").system_block
+            if seen >= 0 and f"fact {seen}" not in block:
+                problems.append(f"fact {seen} compacted but missing")
+
+    threads = [threading.Thread(target=writer)] + [
+        threading.Thread(target=turner) for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert problems == []
+    assert "fact 39" in engine.inject(SCOPE, "s").system_block
+
+
 def test_no_stale_block_after_an_acknowledged_write(make_sidecar: MakeSidecar) -> None:
     from sidecar._proto.memory.v1 import memory_pb2 as pb
 
