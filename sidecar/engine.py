@@ -20,16 +20,18 @@ Nothing is ever taken in the other order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sidecar import blocks
 from sidecar.config import AgentSettings, Config
+from sidecar.errors import BudgetExceeded
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError
 from sidecar.memory import Memory, Scope, Tier, Usage
@@ -177,11 +179,22 @@ class MemoryEngine:
         self._generations.advance((tier, owner))
         self._metrics.snapshot_invalidations.labels("write").inc()
 
+    @contextlib.contextmanager
+    def _counting_rejections(self) -> Iterator[None]:
+        try:
+            yield
+        except BudgetExceeded as exc:
+            self._metrics.budget_rejections.labels(exc.tier).inc()
+            raise
+
     def add(
         self, scope: Scope, tier: Tier, content: str, category: str, confidence: float
     ) -> tuple[Memory, Usage, bool]:
         policy = self.settings(scope).policy(tier)
-        memory, usage, created = self._store.add(scope, tier, content, category, confidence, policy)
+        with self._counting_rejections():
+            memory, usage, created = self._store.add(
+                scope, tier, content, category, confidence, policy
+            )
         if created:
             self._written(tier, scope.owner(tier))
         return memory, usage, created
@@ -195,14 +208,15 @@ class MemoryEngine:
         category: str | None,
         confidence: float | None,
     ) -> tuple[Memory, Usage]:
-        memory, usage = self._store.update(
-            scope,
-            memory_id,
-            self.settings(scope).policies(),
-            content=content,
-            category=category,
-            confidence=confidence,
-        )
+        with self._counting_rejections():
+            memory, usage = self._store.update(
+                scope,
+                memory_id,
+                self.settings(scope).policies(),
+                content=content,
+                category=category,
+                confidence=confidence,
+            )
         self._written(memory.tier, scope.owner(memory.tier))
         return memory, usage
 
@@ -363,6 +377,9 @@ class MemoryEngine:
                 turn_ids.append(memory.id)
                 spent += cost
         turn = blocks.turn_context(elements)
+        turn_tokens = self.tokens.count(turn)
+        self._metrics.injected_tokens.labels("system").inc(view.system_tokens)
+        self._metrics.injected_tokens.labels("turn").inc(turn_tokens)
         return Injection(
             system_block=view.system_block,
             turn_context=turn,
@@ -372,7 +389,7 @@ class MemoryEngine:
             system_memory_ids=view.shown_ids,
             turn_memory_ids=tuple(turn_ids),
             system_tokens=view.system_tokens,
-            turn_tokens=self.tokens.count(turn),
+            turn_tokens=turn_tokens,
             token_counter=self.tokens.name,
             usage={tier: p.usage for tier, p in current.items()},
         )

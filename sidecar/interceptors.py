@@ -1,4 +1,6 @@
-"""The one place where exceptions become gRPC statuses.
+"""Cross-cutting concerns of every call: status mapping and call metrics.
+
+ErrorInterceptor is the one place where exceptions become gRPC statuses.
 
 A SidecarError becomes its status code with a google.rpc.Status carrying an
 ErrorInfo (domain memory.v1, the error's stable reason and metadata). Any
@@ -9,7 +11,8 @@ leaking the exception's text to the client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import grpc
@@ -18,6 +21,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from sidecar.errors import DOMAIN, SidecarError
+from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +72,79 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+_KINDS = (
+    ("unary_unary", "unary", grpc.unary_unary_rpc_method_handler),
+    ("unary_stream", "server_stream", grpc.unary_stream_rpc_method_handler),
+    ("stream_unary", "client_stream", grpc.stream_unary_rpc_method_handler),
+    ("stream_stream", "bidi_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Records go-grpc-prometheus's server metrics for every call.
+
+    grpc_server_started_total, grpc_server_handled_total (with the final
+    status code) and grpc_server_handling_seconds, labelled by type, service
+    and method: bounded labels, never a request field.
+    """
+
+    def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._metrics = metrics
+        self._clock = clock
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        for attribute, grpc_type, factory in _KINDS:
+            behavior = getattr(handler, attribute)
+            if behavior is None:
+                continue
+            labels = (grpc_type, service, method)
+            streams = attribute.endswith("_stream")
+            wrapped = (self._streaming if streams else self._unary)(behavior, labels)
+            return factory(
+                wrapped,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _record(
+        self, labels: tuple[str, str, str], context: Any, started: float, failed: bool
+    ) -> None:
+        code = cast(Any, context).code()
+        if code is None:
+            code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        self._metrics.grpc_handled.labels(*labels, code.name).inc()
+        self._metrics.grpc_seconds.labels(*labels).observe(self._clock() - started)
+
+    def _unary(self, behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Any:
+        def call(request: Any, context: Any) -> Any:
+            self._metrics.grpc_started.labels(*labels).inc()
+            started, failed = self._clock(), True
+            try:
+                response = behavior(request, context)
+                failed = False
+                return response
+            finally:
+                self._record(labels, context, started, failed)
+
+        return call
+
+    def _streaming(self, behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Any:
+        def call(request: Any, context: Any) -> Iterator[Any]:
+            self._metrics.grpc_started.labels(*labels).inc()
+            started, failed = self._clock(), True
+            try:
+                yield from behavior(request, context)
+                failed = False
+            finally:
+                self._record(labels, context, started, failed)
+
+        return call

@@ -83,6 +83,56 @@ class Metrics:
             ),
             registry=r,
         )
+        grpc_labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.grpc_started = Counter(
+            "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=r
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled",
+            "RPCs completed on the server, whatever their status.",
+            [*grpc_labels, "grpc_code"],
+            registry=r,
+        )
+        self.grpc_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Time from the start of an RPC to its completion on the server.",
+            grpc_labels,
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1.0,
+                2.5,
+                5.0,
+                10.0,
+            ),
+            registry=r,
+        )
+        self.injected_tokens = Counter(
+            "memory_injected_tokens",
+            "Tokens handed to the runtime by InjectForTurn, by block.",
+            ["block"],
+            registry=r,
+        )
+        self.budget_rejections = Counter(
+            "memory_budget_rejections",
+            "Writes refused because a tier's budget was full.",
+            ["tier"],
+            registry=r,
+        )
+        for block in ("system", "turn"):
+            self.injected_tokens.labels(block)
+        for tier in ("memory", "user"):
+            self.budget_rejections.labels(tier)
         # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
         for result in ("hit", "miss"):
             self.snapshot_lookups.labels(result)

@@ -21,7 +21,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import Config
 from sidecar.engine import MemoryEngine
 from sidecar.errors import SidecarError
-from sidecar.interceptors import ErrorInterceptor
+from sidecar.interceptors import ErrorInterceptor, MetricsInterceptor
 from sidecar.metrics import Metrics
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
@@ -87,7 +87,10 @@ class Sidecar:
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
         self._api = grpc.server(
-            self._pool, interceptors=[ErrorInterceptor()], options=_SERVER_OPTIONS
+            self._pool,
+            # Metrics outermost, so they see the status the error mapping chose.
+            interceptors=[MetricsInterceptor(self.metrics), ErrorInterceptor()],
+            options=_SERVER_OPTIONS,
         )
         pb_grpc.add_MemoryServiceServicer_to_server(MemoryService(self.engine), self._api)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)

@@ -209,3 +209,12 @@ def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         check=False,
         env=env,
     )
+
+
+def require_tool(path: str | None, what: str) -> str:
+    """The tool's path; a skip on a developer's machine without it, a failure in CI."""
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} is missing in CI: .ci/run must install it")
+        pytest.skip(f"{what} is not installed")
+    return path

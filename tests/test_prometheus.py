@@ -1,0 +1,117 @@
+"""End to end: a real Prometheus scrapes the daemon; PromQL reads the hit ratio."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from tests.conftest import MakeSidecar
+
+HIT_RATIO = 'sum(memory_snapshot_lookups_total{result="hit"}) / sum(memory_snapshot_lookups_total)'
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def query(base: str, promql: str) -> list[dict[str, object]]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    result: list[dict[str, object]] = body["data"]["result"]
+    return result
+
+
+@pytest.fixture
+def prometheus_binary() -> str:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip(
+            "Prometheus is not installed (Debian's prometheus package; .ci/run installs it)"
+        )
+    return binary
+
+
+@pytest.fixture
+def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Prometheus on a free port; the test writes the scrape target file."""
+    targets = tmp_path / "targets.json"
+    targets.write_text("[]")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: memory-sidecar\n"
+        "    scrape_interval: 1s\n"
+        f"    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n"
+    )
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    process = subprocess.Popen(
+        [
+            prometheus_binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise AssertionError(
+                        "Prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()
+                    ) from None
+                time.sleep(0.2)
+        yield base, targets
+    finally:
+        process.terminate()
+        process.wait(20)
+        log.close()
+
+
+def test_prometheus_reads_the_hit_ratio(
+    make_sidecar: MakeSidecar, prometheus: tuple[str, Path]
+) -> None:
+    base, targets = prometheus
+    running = make_sidecar(metrics_listen="127.0.0.1:0")
+    targets.write_text(json.dumps([{"targets": [running.addresses.metrics]}]))
+    scope = pb.Scope(agent_id="coder", user_id="ada")
+    running.add("The repo uses uv", scope=scope)
+    # 3 sessions: 3 misses, then 9 cached turns: 9 hits -> 75%.
+    for session in ("a", "b", "c"):
+        for _ in range(4):
+            running.turn(session, "uv", scope=scope)
+
+    deadline = time.monotonic() + 45
+    ratio = None
+    while time.monotonic() < deadline:
+        result = query(base, HIT_RATIO)
+        lookups = query(base, "sum(memory_snapshot_lookups_total)")
+        if result and lookups and float(lookups[0]["value"][1]) == 12:  # type: ignore[index]
+            ratio = float(result[0]["value"][1])  # type: ignore[index]
+            break
+        time.sleep(0.5)
+    assert ratio == pytest.approx(0.75)
+    up = query(base, 'up{job="memory-sidecar"}')
+    assert [float(r["value"][1]) for r in up] == [1.0]  # type: ignore[index]
