@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, refused
+from tests.conftest import MakeSidecar, Running, refused, require_tool
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 SECRET_IDS = ("coder", "ada", "session-secret")
@@ -121,9 +121,9 @@ def test_no_label_carries_an_id(served: Running) -> None:
 
 
 def test_promtool_accepts_the_metrics(served: Running) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian's prometheus package; .ci/run installs it)")
+    promtool = require_tool(
+        shutil.which("promtool"), "promtool (Debian's prometheus package; .ci/run installs it)"
+    )
     served.add("a note", scope=SCOPE)
     served.turn("s", "note", scope=SCOPE)
     result = subprocess.run(

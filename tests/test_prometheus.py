@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar
+from tests.conftest import MakeSidecar, require_tool
 
 HIT_RATIO = 'sum(memory_snapshot_lookups_total{result="hit"}) / sum(memory_snapshot_lookups_total)'
 
@@ -37,12 +37,9 @@ def query(base: str, promql: str) -> list[dict[str, object]]:
 
 @pytest.fixture
 def prometheus_binary() -> str:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip(
-            "Prometheus is not installed (Debian's prometheus package; .ci/run installs it)"
-        )
-    return binary
+    return require_tool(
+        shutil.which("prometheus"), "Prometheus (Debian's prometheus package; .ci/run installs it)"
+    )
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_tool
 
 _spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
 assert _spec is not None
@@ -44,9 +42,7 @@ def _buf() -> str | None:
 
 
 def test_buf_lint_standard_rules() -> None:
-    buf = _buf()
-    if buf is None:
-        pytest.skip("buf is not installed (`make buf` installs it with npm)")
+    buf = require_tool(_buf(), "buf (`make buf` installs it with npm)")
     result = subprocess.run(
         [buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
