@@ -7,7 +7,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 DB ?= var/memory.db
 
-.PHONY: run test lint typecheck check protos buf clean
+.PHONY: run test lint typecheck check protos buf node-example clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,22 @@ $(BUF):
 
 buf: $(BUF)
 
+# The Node client example's packages (tests/test_node_client.py runs it).
+NODE_EXAMPLE := examples/node/node_modules/.package-lock.json
+$(NODE_EXAMPLE): examples/node/package.json examples/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --silent --no-audit --no-fund --prefix examples/node; \
+	else \
+		echo "npm not found: the Node client test will be skipped"; \
+	fi
+
+node-example: $(NODE_EXAMPLE)
+
 run: $(STAMP)
 	@mkdir -p $(dir $(DB))
 	$(BIN)/memory-sidecar serve --db $(DB)
 
-test: $(STAMP) buf
+test: $(STAMP) buf node-example
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) buf
@@ -47,4 +58,4 @@ protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .tools examples/node/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info

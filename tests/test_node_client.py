@@ -1,0 +1,61 @@
+"""The contract from outside Python: the Node example against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from tests.conftest import ROOT, MakeSidecar, require_tool
+
+EXAMPLE = ROOT / "examples" / "node"
+
+
+def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeSidecar) -> None:
+    node = require_tool(shutil.which("node"), "Node.js")
+    require_tool(
+        str(EXAMPLE / "node_modules") if (EXAMPLE / "node_modules").is_dir() else None,
+        "the Node example's packages (`make node-example` installs them with npm)",
+    )
+    running = make_sidecar()
+    result = subprocess.run(
+        [node, str(EXAMPLE / "client.js"), running.addresses.api],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    steps = [json.loads(line) for line in result.stdout.splitlines()]
+
+    assert [s["step"] for s in steps] == ["add", "add", "turn", "turn", "budget", "end"]
+    assert [(s["tier"], s["limit"]) for s in steps[:2]] == [
+        ("TIER_MEMORY", 2200),
+        ("TIER_USER", 1375),
+    ]
+    first, second = steps[2], steps[3]
+    assert (first["cache_hit"], second["cache_hit"]) == (False, True)
+    assert first["sha256"] == second["sha256"]
+    assert first["has_notes"]
+    assert first["has_profile"]
+    budget = steps[4]
+    assert budget["refused"] is True
+    assert budget["code"] == "FAILED_PRECONDITION"
+    assert budget["info"] == {
+        "reason": "TIER_BUDGET_EXCEEDED",
+        "domain": "memory.v1",
+        "metadata": {
+            "tier": "memory",
+            "used_chars": "40",
+            "limit_chars": "2200",
+            "requested_chars": "2303",
+        },
+    }
+    assert steps[5] == {"step": "end", "dropped": True}
+    # The daemon saw exactly what the client wrote.
+    listed = running.list(scope=pb.Scope(agent_id="node-agent", user_id="node-user"))
+    assert [m.content for m in listed.memories] == [
+        "The deploy script lives in ops/deploy.sh",
+        "The user prefers answers in French",
+    ]
