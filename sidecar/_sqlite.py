@@ -9,6 +9,7 @@ portable.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,23 @@ def write_transaction(db: PooledSqliteDatabase) -> Any:
     then reads the budget the first left behind.
     """
     return db.atomic("IMMEDIATE")
+
+
+def backup(
+    db: PooledSqliteDatabase, destination: str, progress: Callable[[int, int], None]
+) -> None:
+    """Copy the database with SQLite's online backup API.
+
+    Consistent even while the daemon writes: the copy restarts if the source
+    changes mid-way. Copies 256 pages a step and reports (done, total) pages.
+    """
+    target = sqlite3.connect(destination)
+    try:
+        db.connection().backup(
+            target, pages=256, progress=lambda _status, left, total: progress(total - left, total)
+        )
+    finally:
+        target.close()
 
 
 def table_names(db: PooledSqliteDatabase) -> set[str]:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecar import __version__, cagent, config, daemon
+from sidecar import __version__, admin, cagent, config, daemon
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.memory import Scope, Tier
 
@@ -66,7 +66,99 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("path", metavar="PATH", help="the cagent memory.db")
     imp.add_argument("--agent-id", required=True, help="the agent whose notes receive them")
+
+    _add_online(commands)
+    _add_offline(commands, common)
     return parser
+
+
+def _confidence(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _add_online(commands: Any) -> None:
+    online = argparse.ArgumentParser(add_help=False)
+    group = online.add_argument_group("daemon")
+    group.add_argument("--config", metavar="FILE", help="YAML configuration (for the address)")
+    group.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="the daemon's API (default: the configured listen address)",
+    )
+    group.add_argument("--agent-id", default="", help="scope: the agent (default scope: empty)")
+    group.add_argument("--user-id", default="", help="scope: the user (default scope: empty)")
+    group.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the daemon (default 10)",
+    )
+    tiers = ("memory", "user", "both")
+
+    add = commands.add_parser("add", parents=[online], help="add a memory")
+    add.add_argument("content")
+    add.add_argument("--tier", choices=tiers[:2], default="memory")
+    add.add_argument("--category", default="")
+    add.add_argument("--confidence", type=_confidence)
+
+    lst = commands.add_parser("list", parents=[online], help="list memories and usage")
+    lst.add_argument("--tier", choices=tiers, default="both")
+    lst.add_argument("--category", default="")
+
+    search = commands.add_parser("search", parents=[online], help="ranked search")
+    search.add_argument("query")
+    search.add_argument("--tier", choices=tiers, default="both")
+    search.add_argument("--category", default="")
+    search.add_argument("--limit", type=int, default=20)
+    search.add_argument("--all", action="store_true", help="every keyword must match")
+
+    update = commands.add_parser("update", parents=[online], help="change a memory")
+    update.add_argument("id")
+    update.add_argument("--content")
+    update.add_argument("--category")
+    update.add_argument("--confidence", type=_confidence)
+
+    rm = commands.add_parser("rm", parents=[online], help="delete a memory")
+    rm.add_argument("id")
+
+    commands.add_parser("usage", parents=[online], help="each tier's budget use")
+
+    inject = commands.add_parser(
+        "inject", parents=[online], help="show exactly what a turn would inject"
+    )
+    inject.add_argument("message", nargs="?", default="", help="the user message")
+    inject.add_argument(
+        "--recent", action="append", metavar="TEXT", help="a recent message (repeatable)"
+    )
+    inject.add_argument("--session", help="use this session (default: a throwaway one)")
+
+
+def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
+    backup = commands.add_parser(
+        "backup", parents=[common], help="copy the database (consistent while the daemon runs)"
+    )
+    backup.add_argument("destination", metavar="FILE")
+    export = commands.add_parser(
+        "export", parents=[common], help="write every memory as JSON Lines"
+    )
+    export.add_argument(
+        "destination",
+        metavar="FILE",
+        nargs="?",
+        default="-",
+        help="output file (default: standard output)",
+    )
+    imp = commands.add_parser("import", parents=[common], help="restore memories from JSON Lines")
+    imp.add_argument("source", metavar="FILE", help="an export file, or - for standard input")
+    check = commands.add_parser(
+        "check", parents=[common], help="integrity check and schema version"
+    )
+    check.add_argument("--json", action="store_true")
 
 
 _SERVER_FLAGS = (
@@ -115,6 +207,28 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
     return 0
 
 
+_OFFLINE = ("backup", "export", "import", "check")
+
+
+def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
+    path = cfg.server.db
+    if args.command != "import" and not os.path.isfile(path):
+        print(f"memory-sidecar: no database at {path}", file=sys.stderr)
+        return EXIT_ERROR
+    store = daemon.open_store(cfg)
+    try:
+        if args.command == "backup":
+            return admin.backup(store, args.destination, sys.stdout)
+        if args.command == "check":
+            return admin.check(store, sys.stdout, args.json)
+        store.open()  # export and import need the current schema
+        if args.command == "export":
+            return admin.export(store, args.destination, sys.stdout)
+        return admin.import_file(store, args.source, sys.stdout)
+    finally:
+        store.close()
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = _parser().parse_args(argv)
     env: Mapping[str, Any] = os.environ if environ is None else environ
@@ -127,7 +241,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "serve":
             return daemon.serve(cfg)
-        return _import_cagent(args, cfg)
+        if args.command == "import-cagent":
+            return _import_cagent(args, cfg)
+        if args.command in _OFFLINE:
+            return _offline(args, cfg)
+        return admin.Online(args, cfg, sys.stdout).run()
     except SidecarError as exc:
         print(f"memory-sidecar: {exc.message}", file=sys.stderr)
         return EXIT_ERROR

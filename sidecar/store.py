@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,56 @@ class Store:
                 name: self._db.execute_sql(f"PRAGMA {name}").fetchone()[0]
                 for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
             }
+
+    def backup(self, destination: str, progress: Callable[[int, int], None]) -> None:
+        """A consistent copy of the whole database, safe while others write."""
+        with self._guard(), self._db.connection_context():
+            _sqlite.backup(self._db, destination, progress)
+
+    def counts(self) -> dict[tuple[Tier, str], int]:
+        """Entries per (tier, owner)."""
+        Row = self._rows
+        with self._guard(), self._db.connection_context():
+            query = Row.select(Row.tier, Row.owner, fn.COUNT(Row.seq)).group_by(Row.tier, Row.owner)
+            counts: dict[tuple[Tier, str], int] = {}
+            rows: Iterable[tuple[str, str, int]] = query.tuples()  # type: ignore[assignment]
+            for tier, owner, count in rows:
+                counts[(Tier(tier), owner)] = int(count)
+            return counts
+
+    def dump(self) -> Iterator[tuple[str, Memory]]:
+        """Every entry as (owner, memory), in insertion order, read in one snapshot."""
+        Row = self._rows
+        with self._guard(), self._db.connection_context(), self._db.atomic():
+            for row in Row.select().order_by(Row.seq).iterator():
+                yield row.owner, _to_memory(row)
+
+    def restore(self, entries: Iterable[tuple[str, Memory]]) -> tuple[int, list[str]]:
+        """Insert entries exactly as given, in one transaction.
+
+        Returns how many were inserted and the ids left out because an entry
+        with that id already exists. Budgets are not applied: this restores
+        what a store held, it does not write on an agent's behalf.
+        """
+        Row = self._rows
+        inserted, present = 0, []
+        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            for owner, memory in entries:
+                if Row.select().where(Row.memory_id == memory.id).exists():
+                    present.append(memory.id)
+                    continue
+                self._insert(
+                    memory.id,
+                    owner,
+                    memory.tier,
+                    memory.content,
+                    memory.category,
+                    memory.confidence,
+                    to_micros(memory.created_at),
+                    updated_at=to_micros(memory.updated_at),
+                )
+                inserted += 1
+        return inserted, present
 
     def _current_version(self) -> int:
         tables = _sqlite.table_names(self._db)
@@ -383,6 +433,7 @@ class Store:
         category: str,
         confidence: float,
         created_at: int,
+        updated_at: int | None = None,
     ) -> _Row:
         row: _Row = self._rows.create(
             memory_id=memory_id,
@@ -394,7 +445,7 @@ class Store:
             category=category,
             confidence=confidence,
             created_at=created_at,
-            updated_at=created_at,
+            updated_at=created_at if updated_at is None else updated_at,
         )
         return row
 

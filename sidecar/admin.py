@@ -1,0 +1,386 @@
+"""Operator commands: talk to a running daemon, or work on the database file.
+
+Online (over gRPC, to --address): add, list, search, update, rm, usage,
+inject. Offline (on --db, safe while the daemon runs): backup, export,
+import, check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.config import Config
+from sidecar.console import Progress, emit_json, table
+from sidecar.errors import InvalidArgument, SidecarError
+from sidecar.memory import Memory, Tier, check_confidence
+from sidecar.store import SCHEMA_VERSION, Store
+
+TIERS = {"memory": pb.TIER_MEMORY, "user": pb.TIER_USER, "both": pb.TIER_UNSPECIFIED}
+
+
+class CommandFailed(SidecarError):
+    """An RPC failed; the message says which and why."""
+
+
+# --- online ------------------------------------------------------------------
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    result: dict[str, Any] = MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return result
+
+
+def _when(stamp: Any) -> str:
+    return str(stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M"))
+
+
+def _memory_rows(memories: list[Any]) -> list[list[object]]:
+    return [
+        [
+            m.id,
+            pb.Tier.Name(m.tier).removeprefix("TIER_").lower(),
+            m.category or "-",
+            f"{m.confidence:.2f}",
+            _when(m.updated_at),
+            m.content,
+        ]
+        for m in memories
+    ]
+
+
+_MEMORY_HEADERS = ("ID", "TIER", "CATEGORY", "CONF", "UPDATED", "CONTENT")
+
+
+def _usage_rows(usage: list[Any]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for u in usage:
+        limit = f"{u.limit_chars:,}" if u.limit_chars else "unlimited"
+        share = f"{u.used_chars * 100 // u.limit_chars}%" if u.limit_chars else "-"
+        rows.append(
+            [
+                pb.Tier.Name(u.tier).removeprefix("TIER_").lower(),
+                f"{u.used_chars:,}",
+                limit,
+                share,
+                u.entry_count,
+                "yes" if u.enabled else "no",
+            ]
+        )
+    return rows
+
+
+_USAGE_HEADERS = ("TIER", "USED", "LIMIT", "SHARE", "ENTRIES", "ENABLED")
+
+
+class Online:
+    """One command against the daemon's API."""
+
+    def __init__(self, args: argparse.Namespace, config: Config, out: TextIO) -> None:
+        self.args = args
+        self.out = out
+        self.address = args.address or config.server.listen
+        self.scope = pb.Scope(agent_id=args.agent_id, user_id=args.user_id)
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.MemoryServiceStub(self.channel)
+
+    def call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=self.args.timeout)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise CommandFailed(
+                    f"cannot reach memory-sidecar at {self.address}: {exc.details()}"
+                ) from None
+            status = rpc_status.from_call(exc)
+            reason = ""
+            for detail in status.details if status else ():
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    reason = f" ({info.reason})"
+            raise CommandFailed(f"{method} failed: {code.name}{reason}: {exc.details()}") from None
+
+    def run(self) -> int:
+        try:
+            return int(getattr(self, "do_" + self.args.command.replace("-", "_"))())
+        finally:
+            self.channel.close()
+
+    def _show(self, response: Any, memories: list[Any], usage: list[Any]) -> int:
+        if self.args.json:
+            emit_json(_as_dict(response), self.out)
+            return 0
+        if memories:
+            table(_MEMORY_HEADERS, _memory_rows(memories), self.out)
+        if usage:
+            if memories:
+                print(file=self.out)
+            table(_USAGE_HEADERS, _usage_rows(usage), self.out)
+        return 0
+
+    def do_add(self) -> int:
+        request = pb.AddMemoryRequest(
+            scope=self.scope,
+            tier=TIERS[self.args.tier],
+            content=self.args.content,
+            category=self.args.category,
+        )
+        if self.args.confidence is not None:
+            request.confidence = self.args.confidence
+        response = self.call("AddMemory", request)
+        if not self.args.json and not response.created:
+            print("an identical entry exists already:", file=self.out)
+        return self._show(response, [response.memory], [response.usage])
+
+    def do_list(self) -> int:
+        response = self.call(
+            "GetMemories",
+            pb.GetMemoriesRequest(
+                scope=self.scope, tier=TIERS[self.args.tier], category=self.args.category
+            ),
+        )
+        if not self.args.json and not response.memories:
+            print("no memories in this scope", file=self.out)
+        return self._show(response, list(response.memories), list(response.usage))
+
+    def do_search(self) -> int:
+        response = self.call(
+            "SearchMemories",
+            pb.SearchMemoriesRequest(
+                scope=self.scope,
+                query=self.args.query,
+                tier=TIERS[self.args.tier],
+                category=self.args.category,
+                limit=self.args.limit,
+                match_all=self.args.all,
+            ),
+        )
+        if self.args.json:
+            emit_json(_as_dict(response), self.out)
+        elif not response.hits:
+            print("no matches", file=self.out)
+        else:
+            rows = [[f"{h.score:.3f}", *_memory_rows([h.memory])[0]] for h in response.hits]
+            table(("SCORE", *_MEMORY_HEADERS), rows, self.out)
+        return 0
+
+    def do_update(self) -> int:
+        request = pb.UpdateMemoryRequest(scope=self.scope, id=self.args.id)
+        if self.args.content is not None:
+            request.content = self.args.content
+        if self.args.category is not None:
+            request.category = self.args.category
+        if self.args.confidence is not None:
+            request.confidence = self.args.confidence
+        response = self.call("UpdateMemory", request)
+        return self._show(response, [response.memory], [response.usage])
+
+    def do_rm(self) -> int:
+        response = self.call(
+            "DeleteMemory", pb.DeleteMemoryRequest(scope=self.scope, id=self.args.id)
+        )
+        if not self.args.json:
+            print("removed:", file=self.out)
+        return self._show(response, [response.memory], [response.usage])
+
+    def do_usage(self) -> int:
+        response = self.call("GetMemories", pb.GetMemoriesRequest(scope=self.scope))
+        if self.args.json:
+            emit_json({"usage": _as_dict(response)["usage"]}, self.out)
+            return 0
+        table(_USAGE_HEADERS, _usage_rows(list(response.usage)), self.out)
+        return 0
+
+    def do_inject(self) -> int:
+        # A session of its own, ended afterwards, unless the operator names one:
+        # looking must not disturb a runtime's snapshot.
+        session = self.args.session or f"memory-sidecar-cli-{os.getpid()}"
+        try:
+            turn = self.call(
+                "InjectForTurn",
+                pb.InjectForTurnRequest(
+                    scope=self.scope,
+                    session_id=session,
+                    user_message=self.args.message,
+                    recent_messages=self.args.recent or [],
+                ),
+            )
+        finally:
+            if not self.args.session:
+                self.call("EndSession", pb.EndSessionRequest(session_id=session))
+        if self.args.json:
+            emit_json(_as_dict(turn), self.out)
+            return 0
+        counter = pb.TokenCounter.Name(turn.token_counter).removeprefix("TOKEN_COUNTER_").lower()
+        print(
+            f"── system_block ({turn.system_block_tokens:,} tokens, {counter}, "
+            f"generation {turn.snapshot_generation}, sha256 {turn.snapshot_sha256[:12]}) ──",
+            file=self.out,
+        )
+        print(turn.system_block or "(empty)", file=self.out)
+        print(f"── turn_context ({turn.turn_context_tokens:,} tokens) ──", file=self.out)
+        print(turn.turn_context or "(empty)", file=self.out)
+        return 0
+
+
+# --- offline -----------------------------------------------------------------
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def export_line(owner: str, memory: Memory) -> str:
+    return json.dumps(
+        {
+            "id": memory.id,
+            "tier": memory.tier.value,
+            "owner": owner,
+            "content": memory.content,
+            "category": memory.category,
+            "confidence": memory.confidence,
+            "created_at": _iso(memory.created_at),
+            "updated_at": _iso(memory.updated_at),
+        },
+        ensure_ascii=False,
+    )
+
+
+def parse_line(number: int, line: str) -> tuple[str, Memory]:
+    """One exported line back into (owner, memory); errors name the line."""
+    try:
+        item = json.loads(line)
+        if not isinstance(item, dict):
+            raise ValueError("not a JSON object")
+        stamps = [
+            datetime.fromisoformat(item[k].replace("Z", "+00:00"))
+            for k in ("created_at", "updated_at")
+        ]
+        memory = Memory(
+            id=str(item["id"]),
+            tier=Tier(item["tier"]),
+            content=str(item["content"]),
+            category=str(item.get("category", "")),
+            confidence=check_confidence(float(item.get("confidence", 1.0))),
+            created_at=stamps[0],
+            updated_at=stamps[1],
+        )
+        if not memory.id or not memory.content.strip():
+            raise ValueError("empty id or content")
+        return str(item["owner"]), memory
+    except (ValueError, KeyError, TypeError, AttributeError, SidecarError) as exc:
+        problem = exc.message if isinstance(exc, SidecarError) else str(exc)
+        raise InvalidArgument(f"line {number}: {problem}", reason="IMPORT_LINE_INVALID") from None
+
+
+def backup(store: Store, destination: str, out: TextIO) -> int:
+    if os.path.exists(destination):
+        raise InvalidArgument(
+            f"{destination} exists; choose a new file", reason="BACKUP_TARGET_EXISTS"
+        )
+    progress = Progress("backing up (pages)")
+    store.backup(destination, progress.update)
+    progress.done()
+    copy = Store(destination)
+    try:
+        version, verdict = copy.schema_version(), copy.integrity_check()
+    finally:
+        copy.close()
+    print(
+        f"backed up {store.path} to {destination} (schema {version}, integrity {verdict})", file=out
+    )
+    return 0
+
+
+def export(store: Store, destination: str, out: TextIO) -> int:
+    progress = Progress("exporting")
+    sink = out if destination == "-" else open(destination, "w", encoding="utf-8")  # noqa: SIM115
+    count = 0
+    try:
+        for owner, memory in store.dump():
+            print(export_line(owner, memory), file=sink)
+            count += 1
+            progress.update(count)
+    finally:
+        if sink is not out:
+            sink.close()
+    progress.done()
+    if destination != "-":
+        print(f"exported {count:,} memories to {destination}", file=out)
+    return 0
+
+
+def _read_lines(source: str) -> Iterator[tuple[str, Memory]]:
+    handle = sys.stdin if source == "-" else open(source, encoding="utf-8")  # noqa: SIM115
+    total = os.path.getsize(source) if source != "-" else None
+    progress = Progress("importing (bytes)")
+    read = 0
+    try:
+        for number, line in enumerate(handle, start=1):
+            read += len(line.encode())
+            progress.update(read, total)
+            if line.strip():
+                yield parse_line(number, line)
+    finally:
+        progress.done()
+        if handle is not sys.stdin:
+            handle.close()
+
+
+def import_file(store: Store, source: str, out: TextIO) -> int:
+    if source != "-" and not os.path.isfile(source):
+        raise InvalidArgument(f"{source}: no such file", reason="IMPORT_SOURCE_MISSING")
+    # Parse everything first: a bad line aborts the import before any write.
+    entries = list(_read_lines(source))
+    inserted, present = store.restore(entries)
+    print(f"imported {inserted:,} of {len(entries):,} memories", file=out)
+    if present:
+        print(f"skipped {len(present):,} whose id is already present", file=out)
+    return 0
+
+
+def check(store: Store, out: TextIO, as_json: bool) -> int:
+    version = store.schema_version()
+    verdict = store.integrity_check()
+    counts = store.counts()
+    if as_json:
+        emit_json(
+            {
+                "path": store.path,
+                "schema_version": version,
+                "expected_schema": SCHEMA_VERSION,
+                "integrity": verdict,
+                "entries": [
+                    {"tier": t.value, "owner": o, "count": n}
+                    for (t, o), n in sorted(
+                        counts.items(), key=lambda kv: (kv[0][1], kv[0][0].value)
+                    )
+                ],
+            },
+            out,
+        )
+    else:
+        print(f"database   {store.path}", file=out)
+        print(f"schema     {version} (this memory-sidecar writes {SCHEMA_VERSION})", file=out)
+        print(f"integrity  {verdict}", file=out)
+        print(
+            f"entries    {sum(counts.values()):,} in {len(counts):,} tier(s) of "
+            f"{len({o for _, o in counts}):,} owner(s)",
+            file=out,
+        )
+    return 0 if verdict == "ok" and version == SCHEMA_VERSION else 1
