@@ -82,6 +82,19 @@ _KINDS = (
 )
 
 
+def go_code_name(code: grpc.StatusCode) -> str:
+    """A status code as Go's codes.Code.String() spells it (InvalidArgument).
+
+    go-grpc-prometheus labels grpc_code that way, and dashboards and alerts
+    written for it match on those values.
+    """
+    if code is grpc.StatusCode.CANCELLED:
+        return "Canceled"
+    if code is grpc.StatusCode.OK:
+        return "OK"
+    return "".join(part.capitalize() for part in code.name.split("_"))
+
+
 class MetricsInterceptor(grpc.ServerInterceptor):
     """Records go-grpc-prometheus's server metrics for every call.
 
@@ -121,7 +134,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         code = cast(Any, context).code()
         if code is None:
             code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-        self._metrics.grpc_handled.labels(*labels, code.name).inc()
+        self._metrics.grpc_handled.labels(*labels, go_code_name(code)).inc()
         self._metrics.grpc_seconds.labels(*labels).observe(self._clock() - started)
 
     def _unary(self, behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Any:

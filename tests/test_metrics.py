@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.interceptors import go_code_name
 from tests.conftest import MakeSidecar, Running, refused, require_tool
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
@@ -89,7 +90,7 @@ def test_grpc_server_metrics_carry_method_and_code(served: Running) -> None:
             "grpc_server_handled_total",
             **base,
             grpc_method="AddMemory",
-            grpc_code="INVALID_ARGUMENT",
+            grpc_code="InvalidArgument",
         )
         == 1
     )
@@ -99,7 +100,7 @@ def test_grpc_server_metrics_carry_method_and_code(served: Running) -> None:
             "grpc_server_handled_total",
             **base,
             grpc_method="DeleteMemory",
-            grpc_code="NOT_FOUND",
+            grpc_code="NotFound",
         )
         == 1
     )
@@ -109,6 +110,15 @@ def test_grpc_server_metrics_carry_method_and_code(served: Running) -> None:
         "grpc_server_handling_seconds_bucket",
         tuple(sorted({**base, "grpc_method": "AddMemory", "le": "0.0001"}.items())),
     ) in (samples(text))
+
+
+def test_grpc_code_labels_match_go_grpc_prometheus() -> None:
+    names = {code: go_code_name(code) for code in grpc.StatusCode}
+    assert names[grpc.StatusCode.OK] == "OK"
+    assert names[grpc.StatusCode.CANCELLED] == "Canceled"
+    assert names[grpc.StatusCode.DEADLINE_EXCEEDED] == "DeadlineExceeded"
+    assert names[grpc.StatusCode.UNAUTHENTICATED] == "Unauthenticated"
+    assert len(set(names.values())) == 17
 
 
 def test_no_label_carries_an_id(served: Running) -> None:
