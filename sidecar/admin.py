@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import grpc
 from google.protobuf.json_format import MessageToDict
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
@@ -236,6 +237,23 @@ class Online:
         print(f"── turn_context ({turn.turn_context_tokens:,} tokens) ──", file=self.out)
         print(turn.turn_context or "(empty)", file=self.out)
         return 0
+
+
+def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    """Ask grpc.health.v1 for a status; for Docker's HEALTHCHECK and people."""
+    address = args.address or config.server.health_listen or config.server.listen
+    if address.startswith("0.0.0.0:"):
+        address = "127.0.0.1:" + address.rpartition(":")[2]
+    with grpc.insecure_channel(address) as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+        except grpc.RpcError as exc:
+            raise CommandFailed(f"health check of {address} failed: {exc.code().name}") from None
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    print(status, file=out)
+    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 # --- offline -----------------------------------------------------------------

@@ -67,6 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("path", metavar="PATH", help="the cagent memory.db")
     imp.add_argument("--agent-id", required=True, help="the agent whose notes receive them")
 
+    health = commands.add_parser(
+        "health", help="check a daemon's grpc.health.v1 status (exit 0 when SERVING)"
+    )
+    health.add_argument("--config", metavar="FILE")
+    health.add_argument(
+        "--address", metavar="ADDR", help="default: the configured health listener, else the API"
+    )
+    health.add_argument("--service", default="", help="service name (default: the server)")
+    health.add_argument("--timeout", type=float, default=3.0, metavar="S")
+
     _add_online(commands)
     _add_offline(commands, common)
     return parser
@@ -245,6 +255,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _import_cagent(args, cfg)
         if args.command in _OFFLINE:
             return _offline(args, cfg)
+        if args.command == "health":
+            return admin.health(args, cfg, sys.stdout)
         return admin.Online(args, cfg, sys.stdout).run()
     except SidecarError as exc:
         print(f"memory-sidecar: {exc.message}", file=sys.stderr)

@@ -1,0 +1,190 @@
+"""Deployment material: manifests, image, alerts and dashboard, checked offline."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sidecar import cli, config
+from tests.conftest import ROOT, MakeSidecar, require_tool
+
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+CORE_KINDS = {"Pod", "ConfigMap", "PersistentVolumeClaim"}
+
+
+def documents() -> list[tuple[Path, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs.append((path, doc))
+    return docs
+
+
+def by_kind(kind: str) -> dict[str, Any]:
+    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+    return doc
+
+
+@pytest.mark.parametrize("version", ["1.29.0", kubernetes_validate.latest_version()])
+def test_core_manifests_match_the_kubernetes_schemas(version: str) -> None:
+    checked = set()
+    for path, doc in documents():
+        if doc["kind"] in CORE_KINDS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{path.name}: {exc.message} at {list(exc.path)}")
+            checked.add(doc["kind"])
+    assert checked == CORE_KINDS
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    assert listed == {p.name for p, _ in documents()}
+
+
+def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
+    pod = by_kind("Pod")
+    spec = pod["spec"]
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    cfg = _config()
+    health_port = int(cfg.server.health_listen.rpartition(":")[2])
+    assert cfg.server.health_listen.startswith("0.0.0.0:")
+    assert cfg.server.listen.startswith("127.0.0.1:")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"]["port"] == health_port
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    metrics_port = int(cfg.server.metrics_listen.rpartition(":")[2])
+    assert ports["metrics"] == metrics_port
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == metrics_port
+    assert spec["terminationGracePeriodSeconds"] > cfg.server.grace_seconds + 5
+    # The database lives on the data volume.
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert cfg.server.db.startswith(mounts["data"] + "/")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    claim = volumes["data"]["persistentVolumeClaim"]["claimName"]
+    assert by_kind("PersistentVolumeClaim")["metadata"]["name"] == claim
+    assert volumes["config"]["configMap"]["name"] == by_kind("ConfigMap")["metadata"]["name"]
+
+
+def test_every_container_is_locked_down_and_sized() -> None:
+    spec = by_kind("Pod")["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for container in spec["initContainers"] + spec["containers"]:
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert set(container["resources"]) == {"requests", "limits"}
+
+
+def test_podmonitor_scrapes_the_metrics_port_of_the_pod() -> None:
+    monitor = by_kind("PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    pod = by_kind("Pod")
+    labels = pod["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (sidecar,) = pod["spec"]["initContainers"]
+    assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+
+def _config() -> config.Config:
+    text = by_kind("ConfigMap")["data"]["config.yaml"]
+    path = ROOT / ".pytest_cache" / "deploy-config.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return config.load(path, environ={})
+
+
+def test_the_configmap_is_a_valid_sidecar_config() -> None:
+    cfg = _config()
+    assert cfg.server.db == "/data/memory.db"
+
+
+def test_dockerfile_is_non_root_with_a_volume_and_a_health_check() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    user = re.findall(r"^USER (\S+)", text, flags=re.MULTILINE)
+    assert user
+    assert user[-1].split(":")[0] not in ("0", "root")
+    assert 'VOLUME ["/data"]' in text
+    assert re.search(r'HEALTHCHECK .*\n\s+CMD \["memory-sidecar", "health"', text)
+    assert "FROM python:3.11-slim" in text
+    environ = dict(re.findall(r"(MEMORY_SIDECAR_[A-Z_]+)=(\S+)", text))
+    cfg = config.load(environ=environ)
+    assert cfg.server.db == "/data/memory.db"
+    assert cfg.server.listen == "127.0.0.1:50051"
+
+
+def test_health_command(make_sidecar: MakeSidecar, capsys: pytest.CaptureFixture[str]) -> None:
+    running = make_sidecar(health_listen="127.0.0.1:0")
+    assert running.addresses.health is not None
+    code = cli.main(["health", "--address", running.addresses.health], environ={})
+    assert (code, capsys.readouterr().out) == (0, "SERVING\n")
+    running.sidecar.health.enter_graceful_shutdown()
+    code = cli.main(["health", "--address", running.addresses.health], environ={})
+    assert (code, capsys.readouterr().out) == (1, "NOT_SERVING\n")
+    code = cli.main(["health", "--address", "127.0.0.1:1", "--timeout", "1"], environ={})
+    assert code == 1
+    assert "health check of 127.0.0.1:1 failed" in capsys.readouterr().err
+
+
+def test_alert_rules_pass_promtool() -> None:
+    promtool = require_tool(shutil.which("promtool"), "promtool (Debian's prometheus package)")
+    rules = DEPLOY / "prometheus"
+    for command in (["check", "rules", "alerts.yaml"], ["test", "rules", "alerts.test.yaml"]):
+        result = subprocess.run(
+            [promtool, *command],
+            cwd=rules,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_and_alerts_use_only_exported_metrics(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar(metrics_listen="127.0.0.1:0")
+    with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
+        exported = set(re.findall(r"^# TYPE (\w+) (\w+)", r.read().decode(), flags=re.M))
+    names = set()
+    for name, kind in exported:
+        names.add(name)
+        if kind == "counter":
+            names.add(name + "_total")
+        if kind == "histogram":
+            names.update(name + suffix for suffix in ("_bucket", "_count", "_sum"))
+
+    dashboard = json.loads((DEPLOY / "grafana" / "memory-sidecar.json").read_text())
+    assert dashboard["uid"] == "memory-sidecar"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    expressions += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    used = {
+        m
+        for e in expressions
+        for m in re.findall(r"\b([a-z_]+(?:_total|_bucket|_bytes|_active))\b", e)
+    }
+    assert used
+    assert used <= names, used - names
