@@ -1,4 +1,4 @@
-"""MemoryService over gRPC: validate the request, call the store, render.
+"""MemoryService over gRPC: validate the request, call the engine, render.
 
 Errors are raised as SidecarErrors and turned into statuses by
 sidecar.interceptors; nothing here builds a status itself.
