@@ -159,6 +159,21 @@ def _v2_tiers(db: PooledSqliteDatabase) -> None:
     db.execute_sql("CREATE INDEX idx_memories_content ON memories (owner, tier, content_sha256)")
 
 
+def _v3_idempotency(db: PooledSqliteDatabase) -> None:
+    """Schema 3: idempotency keys of AddMemory, remembered for a while."""
+    db.execute_sql(
+        "CREATE TABLE idempotency_keys ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " key TEXT NOT NULL,"
+        " memory_id TEXT NOT NULL,"
+        " content_sha256 TEXT NOT NULL,"
+        " created_at INTEGER NOT NULL,"
+        " PRIMARY KEY (owner, tier, key))"
+    )
+    db.execute_sql("CREATE INDEX idx_idempotency_created ON idempotency_keys (created_at)")
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -167,4 +182,5 @@ def content_digest(content: str) -> str:
 MIGRATIONS: list[tuple[int, str, Callable[[PooledSqliteDatabase], None]]] = [
     (1, "tier-less agent notes", _v1_tierless),
     (2, "two tiers, owners, confidence", _v2_tiers),
+    (3, "idempotency keys", _v3_idempotency),
 ]

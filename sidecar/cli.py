@@ -58,6 +58,22 @@ def _parser() -> argparse.ArgumentParser:
         "full also survives power loss",
     )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--auth-token-file", metavar="FILE", help="require this bearer token on every API call"
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_const",
+        const="true",
+        help="allow a non-loopback API address without a token",
+    )
+    serve.add_argument("--tls-cert-file", metavar="FILE", help="serve the API over TLS")
+    serve.add_argument("--tls-key-file", metavar="FILE")
+    serve.add_argument(
+        "--tls-client-ca-file",
+        metavar="FILE",
+        help="require client certificates signed by this CA (mutual TLS)",
+    )
 
     imp = commands.add_parser(
         "import-cagent",
@@ -179,6 +195,11 @@ _SERVER_FLAGS = (
     "grace_seconds",
     "durability",
     "log_level",
+    "auth_token_file",
+    "insecure",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
 )
 
 

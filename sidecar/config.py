@@ -23,6 +23,7 @@ environment, and only through the mapping it is given.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 import yaml
 
 from sidecar.errors import ConfigError
+from sidecar.limits import Limits
 from sidecar.memory import Tier
 from sidecar.store import TierPolicy
 
@@ -61,6 +63,7 @@ class AgentSettings:
     keyword_llm_model: str = ""
     keyword_llm_api_key_env: str = ""
     keyword_llm_timeout_seconds: float = 5.0
+    content_scanning: str = "strict"
     # Resolved from the environment variable named by keyword_llm_api_key_env;
     # never read from the file, never printed.
     keyword_llm_api_key: str = field(default="", repr=False)
@@ -86,6 +89,32 @@ class ServerSettings:
     max_workers: int = 16
     log_level: str = "info"
     partition_cache_size: int = 4096
+    # Request limits (characters, except max_request_bytes).
+    max_content_chars: int = 8192
+    max_category_chars: int = 128
+    max_id_chars: int = 256
+    max_query_chars: int = 4096
+    max_message_chars: int = 65_536
+    max_recent_messages: int = 64
+    max_keywords: int = 128
+    max_request_bytes: int = 4 * 1024 * 1024
+    # Access to the API listener.
+    auth_token_file: str = ""
+    insecure: bool = False
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+
+    def limits(self) -> Limits:
+        return Limits(
+            content_chars=self.max_content_chars,
+            category_chars=self.max_category_chars,
+            id_chars=self.max_id_chars,
+            query_chars=self.max_query_chars,
+            message_chars=self.max_message_chars,
+            recent_messages=self.max_recent_messages,
+            keywords=self.max_keywords,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +172,15 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "busy_timeout_ms": _at_least(0),
     "max_workers": _at_least(1),
     "partition_cache_size": _at_least(1),
+    "content_scanning": _one_of("strict", "warn", "off"),
+    "max_content_chars": _at_least(1),
+    "max_category_chars": _at_least(1),
+    "max_id_chars": _at_least(1),
+    "max_query_chars": _at_least(1),
+    "max_message_chars": _at_least(1),
+    "max_recent_messages": _at_least(0),
+    "max_keywords": _at_least(0),
+    "max_request_bytes": _at_least(1024),
     "keyword_llm_timeout_seconds": _between(0.05, 120),
     "keyword_llm_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
@@ -230,6 +268,34 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
+def is_loopback(address: str) -> bool:
+    """Whether an API address is reachable only from this host (or pod)."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _finish_server(server: ServerSettings) -> ServerSettings:
+    """Cross-key checks on the server section."""
+    if bool(server.tls_cert_file) != bool(server.tls_key_file):
+        raise ConfigError("server.tls_key_file", "tls_cert_file and tls_key_file go together")
+    if server.tls_client_ca_file and not server.tls_cert_file:
+        raise ConfigError("server.tls_client_ca_file", "mutual TLS needs tls_cert_file too")
+    if not is_loopback(server.listen) and not server.auth_token_file and not server.insecure:
+        raise ConfigError(
+            "server.listen",
+            f"{server.listen} is reachable from other hosts; set auth_token_file "
+            "(--auth-token-file) or, knowingly, insecure (--insecure)",
+        )
+    return server
+
+
 def _finish(path: str, settings: AgentSettings, environ: Mapping[str, str]) -> AgentSettings:
     """Cross-key checks, and the API key read from the variable it names."""
     if settings.similarity_weight + settings.confidence_weight <= 0:
@@ -304,7 +370,7 @@ def load(
             prefix, dataclasses.replace(default_settings, **values), environ
         )
     return Config(
-        server=ServerSettings(**server),
+        server=_finish_server(ServerSettings(**server)),
         defaults=default_settings,
         agents=MappingProxyType(agents),
     )

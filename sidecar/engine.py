@@ -21,7 +21,9 @@ Nothing is ever taken in the other order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import logging
 import threading
 import time
 import weakref
@@ -29,18 +31,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from sidecar import blocks
+from sidecar import blocks, scanner
 from sidecar.config import AgentSettings, Config
-from sidecar.errors import BudgetExceeded
+from sidecar.errors import BudgetExceeded, InvalidArgument
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, Weights, rank
 from sidecar.sessions import Limits, SessionTable
-from sidecar.store import Store
+from sidecar.store import Store, Wanted
 from sidecar.tokens import TokenCounter
 
+log = logging.getLogger(__name__)
 PartitionKey = tuple[Tier, str]
 _STRIPES = 64
 
@@ -131,6 +134,19 @@ class Stats:
     partitions: int
 
 
+def _injectable(settings: AgentSettings, memory: Memory) -> Memory:
+    """The memory as it may enter a prompt: a stored entry that fails the
+    content scan (written before scanning was on, or under `warn`) is replaced
+    by a placeholder naming the pattern, never shown verbatim."""
+    if settings.content_scanning == "off":
+        return memory
+    finding = scanner.scan(memory.content) or scanner.scan(memory.category)
+    if finding is None:
+        return memory
+    placeholder = scanner.PLACEHOLDER.format(pattern=finding.pattern)
+    return dataclasses.replace(memory, content=placeholder, category="")
+
+
 def _weights(settings: AgentSettings) -> Weights:
     return Weights(settings.similarity_weight, settings.confidence_weight)
 
@@ -187,13 +203,52 @@ class MemoryEngine:
             self._metrics.budget_rejections.labels(exc.tier).inc()
             raise
 
+    def _screen(self, settings: AgentSettings, field: str, text: str) -> None:
+        """Refuse (strict) or log (warn) text that fails the content scan."""
+        mode = settings.content_scanning
+        if mode == "off":
+            return
+        finding = scanner.scan(text)
+        if finding is None:
+            return
+        action = "refused" if mode == "strict" else "warned"
+        self._metrics.scan_findings.labels(finding.pattern, action).inc()
+        if mode == "strict":
+            raise InvalidArgument(
+                f"{field} was refused by the content scan ({finding.pattern}: "
+                f"{finding.excerpt!r}); memories are injected into system prompts",
+                reason="CONTENT_REJECTED",
+                metadata={"field": field, "pattern": finding.pattern},
+            )
+        log.warning(
+            "stored a memory that fails the content scan (%s); it is never injected verbatim",
+            finding.pattern,
+        )
+
     def add(
-        self, scope: Scope, tier: Tier, content: str, category: str, confidence: float
+        self,
+        scope: Scope,
+        tier: Tier,
+        content: str,
+        category: str,
+        confidence: float,
+        *,
+        idempotency_key: str = "",
+        still_wanted: Wanted | None = None,
     ) -> tuple[Memory, Usage, bool]:
-        policy = self.settings(scope).policy(tier)
+        settings = self.settings(scope)
+        self._screen(settings, "content", content)
+        self._screen(settings, "category", category)
         with self._counting_rejections():
             memory, usage, created = self._store.add(
-                scope, tier, content, category, confidence, policy
+                scope,
+                tier,
+                content,
+                category,
+                confidence,
+                settings.policy(tier),
+                idempotency_key=idempotency_key,
+                still_wanted=still_wanted,
             )
         if created:
             self._written(tier, scope.owner(tier))
@@ -207,21 +262,30 @@ class MemoryEngine:
         content: str | None,
         category: str | None,
         confidence: float | None,
+        still_wanted: Wanted | None = None,
     ) -> tuple[Memory, Usage]:
+        settings = self.settings(scope)
+        if content is not None:
+            self._screen(settings, "content", content)
+        if category is not None:
+            self._screen(settings, "category", category)
         with self._counting_rejections():
             memory, usage = self._store.update(
                 scope,
                 memory_id,
-                self.settings(scope).policies(),
+                settings.policies(),
                 content=content,
                 category=category,
                 confidence=confidence,
+                still_wanted=still_wanted,
             )
         self._written(memory.tier, scope.owner(memory.tier))
         return memory, usage
 
-    def delete(self, scope: Scope, memory_id: str) -> tuple[Memory, Usage]:
-        memory, usage = self._store.delete(scope, memory_id)
+    def delete(
+        self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
+    ) -> tuple[Memory, Usage]:
+        memory, usage = self._store.delete(scope, memory_id, still_wanted=still_wanted)
         self._written(memory.tier, scope.owner(memory.tier))
         return memory, usage
 
@@ -301,7 +365,7 @@ class MemoryEngine:
                 parts.append(
                     blocks.tier_block(
                         partition.tier,
-                        partition.memories,
+                        [_injectable(settings, m) for m in partition.memories],
                         partition.usage,
                         policy.limit_chars,
                         count_tokens=self.tokens.count,
@@ -369,7 +433,7 @@ class MemoryEngine:
                     break
                 if memory.id in shown:
                     continue
-                element = blocks.memory_element(memory)
+                element = blocks.memory_element(_injectable(settings, memory))
                 cost = self.tokens.count(element)
                 if spent + cost > budget:
                     continue

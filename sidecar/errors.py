@@ -58,6 +58,13 @@ class Unavailable(SidecarError):
     default_reason = "UNAVAILABLE"
 
 
+class CallerGone(SidecarError):
+    """The caller cancelled or its deadline passed before the write began."""
+
+    code = "DEADLINE_EXCEEDED"
+    default_reason = "CALLER_GONE"
+
+
 class BudgetExceeded(FailedPrecondition):
     """A write would push a tier past its character budget."""
 

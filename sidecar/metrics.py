@@ -119,6 +119,12 @@ class Metrics:
             ["tier"],
             registry=r,
         )
+        self.scan_findings = Counter(
+            "memory_scan_findings",
+            "Writes whose text failed the content scan, by pattern and what was done.",
+            ["pattern", "action"],
+            registry=r,
+        )
         for block in ("system", "turn"):
             self.injected_tokens.labels(block)
         for tier in ("memory", "user"):

@@ -90,9 +90,14 @@ class Sidecar:
             self._pool,
             # Metrics outermost, so they see the status the error mapping chose.
             interceptors=[MetricsInterceptor(self.metrics), ErrorInterceptor()],
-            options=_SERVER_OPTIONS,
+            options=[
+                *_SERVER_OPTIONS,
+                ("grpc.max_receive_message_length", config.server.max_request_bytes),
+            ],
         )
-        pb_grpc.add_MemoryServiceServicer_to_server(MemoryService(self.engine), self._api)
+        pb_grpc.add_MemoryServiceServicer_to_server(
+            MemoryService(self.engine, config.server.limits()), self._api
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._api

@@ -6,6 +6,7 @@ sidecar.interceptors; nothing here builds a status itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -16,6 +17,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import AgentSettings
 from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
+from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
@@ -81,12 +83,6 @@ def usage_pb(tier: Tier, usage: Usage, settings: AgentSettings) -> pb.TierUsage:
     )
 
 
-def _require_id(memory_id: str) -> str:
-    if not memory_id:
-        raise InvalidArgument("id is empty; name the memory to change", reason="ID_EMPTY")
-    return memory_id
-
-
 _STRATEGIES = {
     pb.KEYWORD_STRATEGY_UNSPECIFIED: "",
     pb.KEYWORD_STRATEGY_LOCAL: "local",
@@ -100,14 +96,6 @@ MAX_INJECT_MEMORIES = 1000
 MAX_INJECT_TOKENS = 1_000_000
 
 
-def _require_session(session_id: str) -> str:
-    if not session_id:
-        raise InvalidArgument(
-            "session_id is empty; name the runtime session", reason="SESSION_ID_EMPTY"
-        )
-    return session_id
-
-
 def _bounded(name: str, value: int, maximum: int) -> int:
     if not 0 <= value <= maximum:
         raise InvalidArgument(
@@ -118,17 +106,59 @@ def _bounded(name: str, value: int, maximum: int) -> int:
     return value
 
 
+def _still_wanted(context: Any) -> Callable[[], bool]:
+    """Whether the caller still waits: not cancelled, deadline not passed."""
+
+    def wanted() -> bool:
+        remaining = context.time_remaining()
+        return bool(context.is_active()) and (remaining is None or remaining > 0)
+
+    return wanted
+
+
 class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: MemoryEngine) -> None:
+    def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
+        self._limits = limits
+
+    # --- request fields -----------------------------------------------------
+
+    def _scope(self, message: pb.Scope) -> Scope:
+        limit = self._limits.id_chars
+        return Scope(
+            agent_id=checked("scope.agent_id", message.agent_id, limit),
+            user_id=checked("scope.user_id", message.user_id, limit),
+        )
+
+    def _id(self, field: str, value: str, what: str) -> str:
+        if not value:
+            reason = "SESSION_ID_EMPTY" if field == "session_id" else "ID_EMPTY"
+            raise InvalidArgument(f"{field} is empty; name the {what}", reason=reason)
+        return checked(field, value, self._limits.id_chars)
+
+    def _content(self, value: str) -> str:
+        return clean_content(checked("content", value, self._limits.content_chars, multiline=True))
+
+    def _category(self, value: str) -> str:
+        return checked("category", value, self._limits.category_chars)
+
+    # --- RPCs ---------------------------------------------------------------
 
     def AddMemory(self, request: pb.AddMemoryRequest, context: Any) -> pb.AddMemoryResponse:
-        scope = scope_of(request.scope)
+        scope = self._scope(request.scope)
         tier = write_tier(request.tier)
-        content = clean_content(request.content)
+        content = self._content(request.content)
+        category = self._category(request.category)
         confidence = check_confidence(request.confidence) if request.HasField("confidence") else 1.0
+        key = checked("idempotency_key", request.idempotency_key, self._limits.id_chars)
         memory, usage, created = self._engine.add(
-            scope, tier, content, request.category, confidence
+            scope,
+            tier,
+            content,
+            category,
+            confidence,
+            idempotency_key=key,
+            still_wanted=_still_wanted(context),
         )
         return pb.AddMemoryResponse(
             memory=memory_pb(memory),
@@ -139,15 +169,20 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def UpdateMemory(
         self, request: pb.UpdateMemoryRequest, context: Any
     ) -> pb.UpdateMemoryResponse:
-        scope = scope_of(request.scope)
-        memory_id = _require_id(request.id)
-        content = clean_content(request.content) if request.HasField("content") else None
+        scope = self._scope(request.scope)
+        memory_id = self._id("id", request.id, "memory to change")
+        content = self._content(request.content) if request.HasField("content") else None
         confidence = (
             check_confidence(request.confidence) if request.HasField("confidence") else None
         )
-        category = request.category if request.HasField("category") else None
+        category = self._category(request.category) if request.HasField("category") else None
         memory, usage = self._engine.update(
-            scope, memory_id, content=content, category=category, confidence=confidence
+            scope,
+            memory_id,
+            content=content,
+            category=category,
+            confidence=confidence,
+            still_wanted=_still_wanted(context),
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
@@ -157,17 +192,19 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def DeleteMemory(
         self, request: pb.DeleteMemoryRequest, context: Any
     ) -> pb.DeleteMemoryResponse:
-        scope = scope_of(request.scope)
-        memory, usage = self._engine.delete(scope, _require_id(request.id))
+        scope = self._scope(request.scope)
+        memory_id = self._id("id", request.id, "memory to delete")
+        memory, usage = self._engine.delete(scope, memory_id, still_wanted=_still_wanted(context))
         return pb.DeleteMemoryResponse(
             memory=memory_pb(memory),
             usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
         )
 
     def GetMemories(self, request: pb.GetMemoriesRequest, context: Any) -> pb.GetMemoriesResponse:
-        scope = scope_of(request.scope)
+        scope = self._scope(request.scope)
         tiers = read_tiers(request.tier)
-        memories, usage = self._engine.list_memories(scope, tiers, request.category)
+        category = self._category(request.category)
+        memories, usage = self._engine.list_memories(scope, tiers, category)
         settings = self._engine.settings(scope)
         return pb.GetMemoriesResponse(
             memories=[memory_pb(m) for m in memories],
@@ -177,16 +214,13 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: Any
     ) -> pb.SearchMemoriesResponse:
-        scope = scope_of(request.scope)
+        scope = self._scope(request.scope)
         tiers = read_tiers(request.tier)
+        query = checked("query", request.query, self._limits.query_chars, multiline=True)
+        category = self._category(request.category)
         limit = _bounded("limit", request.limit, MAX_SEARCH_LIMIT) or DEFAULT_SEARCH_LIMIT
         hits = self._engine.search(
-            scope,
-            request.query,
-            tiers,
-            category=request.category,
-            limit=limit,
-            match_all=request.match_all,
+            scope, query, tiers, category=category, limit=limit, match_all=request.match_all
         )
         return pb.SearchMemoriesResponse(
             hits=[pb.SearchHit(memory=memory_pb(m), score=score) for m, score in hits]
@@ -195,20 +229,34 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def InjectForTurn(
         self, request: pb.InjectForTurnRequest, context: Any
     ) -> pb.InjectForTurnResponse:
-        scope = scope_of(request.scope)
-        session_id = _require_session(request.session_id)
+        limits = self._limits
+        scope = self._scope(request.scope)
+        session_id = self._id("session_id", request.session_id, "runtime session")
         if request.strategy not in _STRATEGIES:
             raise InvalidArgument(
                 f"unknown keyword strategy {request.strategy}; use LOCAL (1) or LLM (2)",
                 reason="STRATEGY_UNKNOWN",
                 metadata={"strategy": request.strategy},
             )
+        message = checked(
+            "user_message", request.user_message, limits.message_chars, multiline=True
+        )
+        counted("recent_messages", len(request.recent_messages), limits.recent_messages)
+        recent = [
+            checked(f"recent_messages[{i}]", text, limits.message_chars, multiline=True)
+            for i, text in enumerate(request.recent_messages)
+        ]
+        counted("keywords", len(request.keywords), limits.keywords)
+        given = [
+            checked(f"keywords[{i}]", word, limits.query_chars)
+            for i, word in enumerate(request.keywords)
+        ]
         turn = self._engine.inject(
             scope,
             session_id,
-            user_message=request.user_message,
-            recent_messages=list(request.recent_messages),
-            given_keywords=list(request.keywords),
+            user_message=message,
+            recent_messages=recent,
+            given_keywords=given,
             strategy=_STRATEGIES[request.strategy],
             max_memories=_bounded("max_memories", request.max_memories, MAX_INJECT_MEMORIES),
             max_tokens=_bounded("max_tokens", request.max_tokens, MAX_INJECT_TOKENS),
@@ -231,9 +279,9 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def NotifyCompaction(
         self, request: pb.NotifyCompactionRequest, context: Any
     ) -> pb.NotifyCompactionResponse:
-        session_id = _require_session(request.session_id)
+        session_id = self._id("session_id", request.session_id, "runtime session")
         return pb.NotifyCompactionResponse(invalidated=self._engine.notify_compaction(session_id))
 
     def EndSession(self, request: pb.EndSessionRequest, context: Any) -> pb.EndSessionResponse:
-        session_id = _require_session(request.session_id)
+        session_id = self._id("session_id", request.session_id, "runtime session")
         return pb.EndSessionResponse(dropped=self._engine.end_session(session_id))

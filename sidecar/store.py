@@ -13,14 +13,22 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import peewee
 from peewee import fn
 
 from sidecar import _sqlite
 from sidecar.clock import Clock, from_micros, system_clock, to_micros
-from sidecar.errors import BudgetExceeded, FailedPrecondition, NotFound, StoreError, Unavailable
+from sidecar.errors import (
+    BudgetExceeded,
+    CallerGone,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StoreError,
+    Unavailable,
+)
 from sidecar.memory import (
     SEPARATOR_CHARS,
     Memory,
@@ -33,6 +41,9 @@ from sidecar.memory import (
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = _sqlite.MIGRATIONS[-1][0]
+# How long AddMemory remembers an idempotency key.
+IDEMPOTENCY_TTL_MICROS = 24 * 3600 * 1_000_000
+Wanted = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +87,28 @@ class _Row(peewee.Model):
     updated_at = peewee.BigIntegerField()
 
 
-def _bind(db: peewee.Database) -> type[_Row]:
-    # A subclass per store instead of _Row.bind(db): binding mutates the class,
+class _Key(peewee.Model):
+    """Column layout of `idempotency_keys` (schema 3)."""
+
+    owner = peewee.TextField()
+    tier = peewee.TextField()
+    key = peewee.TextField()
+    memory_id = peewee.TextField()
+    content_sha256 = peewee.TextField()
+    created_at = peewee.BigIntegerField()
+
+    class Meta:
+        primary_key = peewee.CompositeKey("owner", "tier", "key")
+
+
+M = TypeVar("M", bound=peewee.Model)
+
+
+def _bind(model: type[M], db: peewee.Database, table: str) -> type[M]:
+    # A subclass per store instead of model.bind(db): binding mutates the class,
     # and two stores in one process (tests, the import command) must not share.
-    meta = type("Meta", (), {"database": db, "table_name": "memories"})
-    return type("MemoryRow", (_Row,), {"Meta": meta, "__module__": __name__})
+    meta = type("Meta", (), {"database": db, "table_name": table})
+    return type(model.__name__.lstrip("_"), (model,), {"Meta": meta, "__module__": __name__})
 
 
 def _to_memory(row: _Row) -> Memory:
@@ -122,7 +150,8 @@ class Store:
             busy_timeout_ms=busy_timeout_ms,
             max_connections=max_connections,
         )
-        self._rows = _bind(self._db)
+        self._rows = _bind(_Row, self._db, "memories")
+        self._keys = _bind(_Key, self._db, "idempotency_keys")
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
@@ -251,23 +280,34 @@ class Store:
         category: str,
         confidence: float,
         policy: TierPolicy,
+        *,
+        idempotency_key: str = "",
+        still_wanted: Wanted | None = None,
     ) -> tuple[Memory, Usage, bool]:
         """Store an entry; return it, the tier's usage after, and whether it is new.
 
         Content identical to an entry of the same scope and tier returns that
-        entry unchanged (created = False).
+        entry unchanged (created = False), and so does a retry carrying the
+        idempotency key of an earlier add.
         """
         _require_enabled(tier, policy)
         owner = scope.owner(tier)
         with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            _require_caller(still_wanted)
+            now = to_micros(self._clock())
+            if idempotency_key:
+                earlier = self._replay(owner, tier, idempotency_key, content, now)
+                if earlier is not None:
+                    return _to_memory(earlier), self._usage(owner, tier), False
             existing = self._identical(owner, tier, content)
             usage = self._usage(owner, tier)
             if existing is not None:
+                self._remember(owner, tier, idempotency_key, existing.memory_id, content, now)
                 return _to_memory(existing), usage, False
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
-            now = to_micros(self._clock())
             row = self._insert(str(uuid.uuid4()), owner, tier, content, category, confidence, now)
+            self._remember(owner, tier, idempotency_key, row.memory_id, content, now)
             after = Usage(usage.used_chars + added, usage.entry_count + 1)
             return _to_memory(row), after, True
 
@@ -280,10 +320,12 @@ class Store:
         content: str | None = None,
         category: str | None = None,
         confidence: float | None = None,
+        still_wanted: Wanted | None = None,
     ) -> tuple[Memory, Usage]:
         """Change the given fields of an entry of this scope."""
         Row = self._rows
         with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            _require_caller(still_wanted)
             row = self._find(scope, memory_id)
             tier = Tier(row.tier)
             policy = policies[tier]
@@ -310,10 +352,13 @@ class Store:
             stored = Row.get(Row.seq == row.seq)
             return _to_memory(stored), usage
 
-    def delete(self, scope: Scope, memory_id: str) -> tuple[Memory, Usage]:
+    def delete(
+        self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
+    ) -> tuple[Memory, Usage]:
         """Remove an entry of this scope; return it as it was."""
         Row = self._rows
         with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+            _require_caller(still_wanted)
             row = self._find(scope, memory_id)
             Row.delete().where(Row.seq == row.seq).execute()
             tier = Tier(row.tier)
@@ -408,6 +453,42 @@ class Store:
         )
         return Usage(rendered_chars(int(chars), int(count)), int(count))
 
+    def _replay(self, owner: str, tier: Tier, key: str, content: str, now: int) -> _Row | None:
+        """The entry an earlier add with this key stored, if the key is known."""
+        Key = self._keys
+        Key.delete().where(Key.created_at < now - IDEMPOTENCY_TTL_MICROS).execute()
+        record = Key.get_or_none((Key.owner == owner) & (Key.tier == tier.value) & (Key.key == key))
+        if record is None:
+            return None
+        if record.content_sha256 != _sqlite.content_digest(content):
+            raise InvalidArgument(
+                "idempotency_key was already used for different content; use a new key",
+                reason="IDEMPOTENCY_KEY_REUSED",
+                metadata={"idempotency_key": key},
+            )
+        Row = self._rows
+        row: _Row | None = Row.get_or_none(Row.memory_id == record.memory_id)
+        if row is None:
+            raise FailedPrecondition(
+                "idempotency_key was already used, and the memory it stored has been deleted since",
+                reason="IDEMPOTENCY_KEY_USED",
+                metadata={"idempotency_key": key, "id": record.memory_id},
+            )
+        return row
+
+    def _remember(
+        self, owner: str, tier: Tier, key: str, memory_id: str, content: str, now: int
+    ) -> None:
+        if key:
+            self._keys.create(
+                owner=owner,
+                tier=tier.value,
+                key=key,
+                memory_id=memory_id,
+                content_sha256=_sqlite.content_digest(content),
+                created_at=now,
+            )
+
     def _identical(self, owner: str, tier: Tier, content: str) -> _Row | None:
         """The first entry of this owner and tier with exactly this content."""
         Row = self._rows
@@ -472,6 +553,16 @@ def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
         part = (Row.tier == tier.value) & (Row.owner == scope.owner(tier))
         clause = part if clause is None else (clause | part)
     return clause
+
+
+def _require_caller(still_wanted: Wanted | None) -> None:
+    """Refuse to write for a caller that has gone.
+
+    Checked after the write lock is taken: a call that waited on the lock
+    past its deadline, or was cancelled, changes nothing.
+    """
+    if still_wanted is not None and not still_wanted():
+        raise CallerGone("the caller cancelled or its deadline passed; nothing was written")
 
 
 def _require_enabled(tier: Tier, policy: TierPolicy) -> None:

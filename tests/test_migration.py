@@ -48,7 +48,7 @@ def test_schema_1_rows_all_become_agent_notes(tmp_path: Path, make_sidecar: Make
 
     running = make_sidecar()
 
-    assert running.store.schema_version() == SCHEMA_VERSION == 2
+    assert running.store.schema_version() == SCHEMA_VERSION == 3
     seen: dict[str, pb.Memory] = {}
     owner: dict[str, str] = {}
     for agent in ("coder", "writer", ""):
@@ -91,14 +91,14 @@ def test_migration_is_recorded_and_runs_once(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     build_schema_1(path)
     store = Store(str(path))
-    assert store.open() == 2
+    assert store.open() == 3
     store.close()
     store = Store(str(path))
-    assert store.open() == 2
+    assert store.open() == 3
     assert store.integrity_check() == "ok"
     store.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (len(LEGACY_ROWS),)
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()

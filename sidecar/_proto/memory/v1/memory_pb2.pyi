@@ -78,18 +78,20 @@ class TierUsage(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., used_chars: _Optional[int] = ..., limit_chars: _Optional[int] = ..., entry_count: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class AddMemoryRequest(_message.Message):
-    __slots__ = ("scope", "tier", "content", "category", "confidence")
+    __slots__ = ("scope", "tier", "content", "category", "confidence", "idempotency_key")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     content: str
     category: str
     confidence: float
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class AddMemoryResponse(_message.Message):
     __slots__ = ("memory", "usage", "created")

@@ -1,0 +1,54 @@
+"""Limits on request fields, and the characters a field may hold.
+
+Every refusal names the field and the limit, in the message and in the
+ErrorInfo metadata, so a client can tell what to shorten.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+from sidecar.errors import InvalidArgument
+
+# Whitespace controls a multi-line text may hold; everything else in Unicode's
+# Cc category (NUL, ESC, DEL, ...) is refused.
+_TEXT_CONTROLS = frozenset("\n\r\t")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    content_chars: int = 8192
+    category_chars: int = 128
+    id_chars: int = 256
+    query_chars: int = 4096
+    message_chars: int = 65_536
+    recent_messages: int = 64
+    keywords: int = 128
+
+
+def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> str:
+    """The value, if it is within `limit` characters and has no stray controls."""
+    if len(value) > limit:
+        raise InvalidArgument(
+            f"{field} is {len(value):,} characters long; the limit is {limit:,}",
+            reason="FIELD_TOO_LONG",
+            metadata={"field": field, "limit": limit, "length": len(value)},
+        )
+    for position, char in enumerate(value):
+        if unicodedata.category(char) == "Cc" and not (multiline and char in _TEXT_CONTROLS):
+            raise InvalidArgument(
+                f"{field} holds the control character U+{ord(char):04X} at position {position}",
+                reason="CONTROL_CHARACTER",
+                metadata={"field": field, "position": position, "character": f"U+{ord(char):04X}"},
+            )
+    return value
+
+
+def counted(field: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise InvalidArgument(
+            f"{field} has {count:,} items; the limit is {limit:,}",
+            reason="TOO_MANY_ITEMS",
+            metadata={"field": field, "limit": limit, "count": count},
+        )
