@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -88,6 +89,34 @@ def _usage_rows(usage: list[Any]) -> list[list[object]]:
 _USAGE_HEADERS = ("TIER", "USED", "LIMIT", "SHARE", "ENTRIES", "ENABLED")
 
 
+def _channel(address: str, args: argparse.Namespace, config: Config) -> grpc.Channel:
+    """A channel with the token and TLS the daemon's configuration asks for."""
+    token_file = args.token_file or config.server.auth_token_file
+    ca_file = args.tls_ca_file or config.server.tls_cert_file
+    token = Path(token_file).read_text().strip() if token_file else ""
+    if not ca_file:
+        channel = grpc.insecure_channel(address)
+        return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
+    credentials = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
+    if token:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token)
+        )
+    return grpc.secure_channel(address, credentials)
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer` on a plaintext channel (the loopback or
+    Unix-socket API); grpc attaches call credentials only over TLS."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._metadata]
+        return continuation(details._replace(metadata=metadata), request)
+
+
 class Online:
     """One command against the daemon's API."""
 
@@ -96,7 +125,7 @@ class Online:
         self.out = out
         self.address = args.address or config.server.listen
         self.scope = pb.Scope(agent_id=args.agent_id, user_id=args.user_id)
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = _channel(self.address, args, config)
         self.stub = pb_grpc.MemoryServiceStub(self.channel)
 
     def call(self, method: str, request: Any) -> Any:

@@ -124,6 +124,16 @@ def _add_online(commands: Any) -> None:
         metavar="S",
         help="seconds to wait for the daemon (default 10)",
     )
+    group.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="bearer token to send (default: the configured auth_token_file)",
+    )
+    group.add_argument(
+        "--tls-ca-file",
+        metavar="FILE",
+        help="connect over TLS trusting this CA (default: the configured tls_cert_file)",
+    )
     tiers = ("memory", "user", "both")
 
     add = commands.add_parser("add", parents=[online], help="add a memory")

@@ -224,6 +224,9 @@ def _coerce(key: str, kind: Any, value: Any, *, from_text: bool) -> Any:
         return number
     if isinstance(value, str):
         return value
+    if isinstance(value, bool):
+        # YAML 1.1 reads an unquoted `off` (or `on`, `no`, ...) as a boolean.
+        return "on" if value else "off"
     if from_text:
         return str(value)
     raise ConfigError(key, f"must be a string, got {value!r}")

@@ -58,6 +58,11 @@ class Unavailable(SidecarError):
     default_reason = "UNAVAILABLE"
 
 
+class Unauthenticated(SidecarError):
+    code = "UNAUTHENTICATED"
+    default_reason = "TOKEN_INVALID"
+
+
 class CallerGone(SidecarError):
     """The caller cancelled or its deadline passed before the write began."""
 

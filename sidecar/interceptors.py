@@ -10,17 +10,22 @@ leaking the exception's text to the client.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sidecar.errors import DOMAIN, SidecarError
+from sidecar.errors import DOMAIN, ConfigError, InvalidArgument, SidecarError, Unauthenticated
 from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -53,9 +58,20 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return handler
         behavior = handler.unary_unary
         method = handler_call_details.method
+        deserialize = handler.request_deserializer
 
-        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+        def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
             try:
+                # Parsed here rather than by grpc, so a malformed request (bad
+                # wire format, invalid UTF-8 in a string) is INVALID_ARGUMENT
+                # with details instead of a bare INTERNAL.
+                try:
+                    request = deserialize(raw) if deserialize else raw
+                except DecodeError:
+                    raise InvalidArgument(
+                        f"the request is not a valid {method.rpartition('/')[2]} message",
+                        reason="MALFORMED_REQUEST",
+                    ) from None
                 return behavior(request, context)
             except SidecarError as exc:
                 context.abort_with_status(to_status(exc))
@@ -68,9 +84,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 context.abort_with_status(_internal())
 
         return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            guarded, request_deserializer=None, response_serializer=handler.response_serializer
         )
 
 
@@ -161,3 +175,100 @@ class MetricsInterceptor(grpc.ServerInterceptor):
                 self._record(labels, context, started, failed)
 
         return call
+
+
+class TokenFile:
+    """A bearer token kept in a file (a mounted Kubernetes Secret, say).
+
+    Re-read when the file changes, checked at most once a second, so a
+    rotated Secret takes effect without a restart.
+    """
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._checked = float("-inf")
+        self._stamp: tuple[int, int] | None = None
+        self._token = b""
+        self.token()  # fail at start-up, not on the first call
+
+    def token(self) -> bytes:
+        now = self._clock()
+        with self._lock:
+            if now - self._checked >= 1.0:
+                self._checked = now
+                try:
+                    info = os.stat(self._path)
+                except OSError as exc:
+                    if self._stamp is None:
+                        raise ConfigError(
+                            "server.auth_token_file", f"cannot read {self._path}: {exc.strerror}"
+                        ) from None
+                    return self._token  # keep the last good token through a swap
+                stamp = (info.st_mtime_ns, info.st_ino)
+                if stamp != self._stamp:
+                    token = Path(self._path).read_bytes().strip()
+                    if not token:
+                        raise ConfigError("server.auth_token_file", f"{self._path} is empty")
+                    self._token, self._stamp = token, stamp
+            return self._token
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on every call but health checks.
+
+    The comparison takes the same time whatever the guess (hmac.compare_digest).
+    """
+
+    def __init__(self, token: TokenFile) -> None:
+        self._token = token
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
+        method = handler_call_details.method
+        if method.startswith("/grpc.health.v1.Health/"):
+            return continuation(handler_call_details)
+        presented = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                raw = value.encode() if isinstance(value, str) else value
+                scheme, _, credential = raw.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    presented = credential.strip()
+        expected = self._token.token()
+        if presented and hmac.compare_digest(presented, expected):
+            return continuation(handler_call_details)
+        error = (
+            Unauthenticated(
+                "a bearer token is required: send `authorization: Bearer <token>`",
+                reason="TOKEN_MISSING",
+            )
+            if not presented
+            else Unauthenticated("the bearer token is not valid")
+        )
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        return _refusing(handler, to_status(error))
+
+
+def _refusing(handler: Any, status: grpc.Status) -> Any:
+    """A handler of the same kind that answers every call with `status`."""
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort_with_status(status)
+
+    def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        context.abort_with_status(status)
+        yield  # pragma: no cover - abort raises
+
+    for attribute, _grpc_type, factory in _KINDS:
+        if getattr(handler, attribute) is not None:
+            return factory(
+                streaming if attribute.endswith("_stream") else unary,
+                request_deserializer=None,
+                response_serializer=handler.response_serializer,
+            )
+    return handler

@@ -7,9 +7,11 @@ bind port 0 and talk to a real channel.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,8 +22,8 @@ from prometheus_client import start_http_server
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import Config
 from sidecar.engine import MemoryEngine
-from sidecar.errors import SidecarError
-from sidecar.interceptors import ErrorInterceptor, MetricsInterceptor
+from sidecar.errors import ConfigError, SidecarError
+from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
 from sidecar.metrics import Metrics
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
@@ -39,14 +41,49 @@ class BindError(SidecarError):
     default_reason = "BIND_FAILED"
 
 
-def _bind(server: grpc.Server, address: str, what: str) -> int:
+def _bind(
+    server: grpc.Server,
+    address: str,
+    what: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
     try:
-        port: int = server.add_insecure_port(address)
+        port: int = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
     except RuntimeError as exc:
         raise BindError(f"cannot listen for {what} on {address}: {exc}") from None
     if port == 0 and not address.startswith("unix:"):
         raise BindError(f"cannot listen for {what} on {address}: address in use or invalid")
     return port
+
+
+def _read(key: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"server.{key}", f"cannot read {path}: {exc.strerror}") from None
+
+
+def tls_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS for the API listener; mutual TLS when a client CA is configured."""
+    server = config.server
+    if not server.tls_cert_file:
+        return None
+    pair = (
+        _read("tls_key_file", server.tls_key_file),
+        _read("tls_cert_file", server.tls_cert_file),
+    )
+    client_ca = (
+        _read("tls_client_ca_file", server.tls_client_ca_file)
+        if server.tls_client_ca_file
+        else None
+    )
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 def _display(address: str, port: int) -> str:
@@ -88,8 +125,17 @@ class Sidecar:
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
         self._api = grpc.server(
             self._pool,
-            # Metrics outermost, so they see the status the error mapping chose.
-            interceptors=[MetricsInterceptor(self.metrics), ErrorInterceptor()],
+            # Metrics outermost, so they see the status auth and the error
+            # mapping chose.
+            interceptors=[
+                MetricsInterceptor(self.metrics),
+                *(
+                    [AuthInterceptor(TokenFile(config.server.auth_token_file))]
+                    if config.server.auth_token_file
+                    else []
+                ),
+                ErrorInterceptor(),
+            ],
             options=[
                 *_SERVER_OPTIONS,
                 ("grpc.max_receive_message_length", config.server.max_request_bytes),
@@ -123,7 +169,10 @@ class Sidecar:
         """
         server = self.config.server
         try:
-            api = _display(server.listen, _bind(self._api, server.listen, "the API"))
+            api = _display(
+                server.listen,
+                _bind(self._api, server.listen, "the API", tls_credentials(self.config)),
+            )
             health_address = None
             if server.health_listen:
                 # A listener of its own for Kubernetes probes, which dial the
@@ -152,6 +201,9 @@ class Sidecar:
             self._close_listeners()
             raise
         self._api.start()
+        if server.listen.startswith("unix:"):
+            # Only this user may connect: the socket is the API's front door.
+            os.chmod(server.listen.removeprefix("unix:").removeprefix("//"), 0o600)
         if self._health_server is not None:
             self._health_server.start()
         self._janitor.start()
