@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import config as config_mod
+from sidecar import daemon
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.metrics import Metrics
@@ -73,9 +74,7 @@ def start_sidecar(
     flags = {"db": str(db_path), "listen": "127.0.0.1:0", **server}
     cfg = config_mod.load(cfg_file, environ=environ or {}, flags=flags)
     metrics = Metrics(CollectorRegistry())
-    store = Store(
-        str(db_path), max_connections=cfg.server.max_workers + 4, on_query=metrics.db_query
-    )
+    store = daemon.open_store(cfg, metrics)
     store.open()
     sidecar = Sidecar(cfg, store, metrics=metrics)
     addresses = sidecar.start()
