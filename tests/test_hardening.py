@@ -294,3 +294,19 @@ def test_nothing_is_written_after_the_callers_deadline(make_sidecar: MakeSidecar
     time.sleep(0.5)  # the handler got the lock after the client gave up
     assert list(running.list(scope=SCOPE).memories) == []
     assert running.add("in time", scope=SCOPE).created
+
+
+def test_nothing_is_written_for_a_cancelled_call(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar()
+    blocker = sqlite3.connect(running.db_path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+    call = running.stub.AddMemory.future(
+        pb.AddMemoryRequest(scope=SCOPE, content="abandoned"), timeout=10
+    )
+    time.sleep(0.3)  # the handler is waiting for the write lock
+    assert call.cancel()
+    time.sleep(0.2)
+    blocker.execute("COMMIT")
+    blocker.close()
+    time.sleep(0.5)
+    assert list(running.list(scope=SCOPE).memories) == []
