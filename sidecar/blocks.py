@@ -15,7 +15,7 @@ follows seed 000: <memories> with one <memory id category tier> per entry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -40,7 +40,8 @@ def tier_block(
     usage: Usage,
     limit_chars: int,
     *,
-    count_tokens: Callable[[str], int],
+    costs: Sequence[int],
+    separator_cost: int,
     max_tokens: int,
 ) -> TierBlock | None:
     """A tier's block, or None when the tier is empty.
@@ -48,7 +49,8 @@ def tier_block(
     A budgeted tier shows every entry in insertion order (the budget keeps it
     small). An unlimited tier shows its highest-ranked entries (confidence,
     then recency) that fit in `max_tokens`, so the block does not depend on
-    the prompt and stays byte-identical between writes.
+    the prompt and stays byte-identical between writes. `costs` holds each
+    entry's token count, in the order of `memories`.
     """
     if not memories:
         return None
@@ -59,8 +61,9 @@ def tier_block(
     else:
         picked: list[Memory] = []
         spent = 0
+        cost_of = {m.id: cost for m, cost in zip(memories, costs, strict=True)}
         for memory in by_confidence(memories):
-            cost = count_tokens(memory.content) + (count_tokens(SEPARATOR) if picked else 0)
+            cost = cost_of[memory.id] + (separator_cost if picked else 0)
             if spent + cost > max_tokens:
                 continue
             picked.append(memory)

@@ -28,15 +28,16 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar import blocks, scanner
 from sidecar.config import AgentSettings, Config
 from sidecar.errors import BudgetExceeded, InvalidArgument
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError
-from sidecar.memory import Memory, Scope, Tier, Usage
+from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, Weights, rank
 from sidecar.sessions import Limits, SessionTable
@@ -134,16 +135,19 @@ class Stats:
     partitions: int
 
 
-def _injectable(settings: AgentSettings, memory: Memory) -> Memory:
+def _finding(memory: Memory) -> str | None:
+    """The content scanner's finding in a stored entry, if any (cached per entry)."""
+    found = scanner.scan(memory.content) or scanner.scan(memory.category)
+    return found.pattern if found else None
+
+
+def _injectable(settings: AgentSettings, memory: Memory, finding: str | None) -> Memory:
     """The memory as it may enter a prompt: a stored entry that fails the
     content scan (written before scanning was on, or under `warn`) is replaced
     by a placeholder naming the pattern, never shown verbatim."""
-    if settings.content_scanning == "off":
+    if finding is None or settings.content_scanning == "off":
         return memory
-    finding = scanner.scan(memory.content) or scanner.scan(memory.category)
-    if finding is None:
-        return memory
-    placeholder = scanner.PLACEHOLDER.format(pattern=finding.pattern)
+    placeholder = scanner.PLACEHOLDER.format(pattern=finding)
     return dataclasses.replace(memory, content=placeholder, category="")
 
 
@@ -179,6 +183,11 @@ class MemoryEngine:
             self._limits, on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
+        # Labelled children looked up once: a cached turn touches them every time.
+        self._hits = self._metrics.snapshot_lookups.labels("hit")
+        self._misses = self._metrics.snapshot_lookups.labels("miss")
+        self._system_tokens = self._metrics.injected_tokens.labels("system")
+        self._turn_tokens = self._metrics.injected_tokens.labels("turn")
 
     def settings(self, scope: Scope) -> AgentSettings:
         return self._config.for_agent(scope.agent_id)
@@ -189,11 +198,43 @@ class MemoryEngine:
 
     # --- writes -------------------------------------------------------------
 
-    def _written(self, tier: Tier, owner: str) -> None:
-        # After the commit and before the acknowledgement: a turn that starts
-        # after the client hears back never sees the old snapshot as current.
-        self._generations.advance((tier, owner))
+    def _stripe(self, key: PartitionKey) -> threading.Lock:
+        return self._partition_locks[hash(key) % _STRIPES]
+
+    @contextlib.contextmanager
+    def _writing(self, keys: Iterable[PartitionKey]) -> Iterator[None]:
+        """Hold the partition locks of the partitions a write may change.
+
+        A write and a (re)load of the same partition never interleave, so
+        the cached partition can be updated by the write's delta instead of
+        being read back whole. Stripes are taken in index order.
+        """
+        stripes = sorted({hash(key) % _STRIPES for key in keys})
+        with contextlib.ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._partition_locks[stripe])
+            yield
+
+    def _written(
+        self, key: PartitionKey, change: Callable[[Partition, int], Partition] | None
+    ) -> None:
+        """After the commit and before the acknowledgement (under _writing).
+
+        A turn that starts after the client hears back never sees the old
+        snapshot as current. A cached partition that was current gets the
+        write applied to it; one that was already stale is left to reload.
+        """
+        cached = self._partitions.get(key)
+        fresh = cached is not None and cached.generation == self._generations.current(key)
+        generation = self._generations.advance(key)
+        if fresh and cached is not None and change is not None:
+            # StopIteration: the entry was not in the cached partition; it reloads.
+            with contextlib.suppress(StopIteration):
+                self._partitions.put(key, change(cached, generation))
         self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def _annotations(self) -> dict[str, Any]:
+        return {"scan": _finding, "count_tokens": self.tokens.count}
 
     @contextlib.contextmanager
     def _counting_rejections(self) -> Iterator[None]:
@@ -239,7 +280,8 @@ class MemoryEngine:
         settings = self.settings(scope)
         self._screen(settings, "content", content)
         self._screen(settings, "category", category)
-        with self._counting_rejections():
+        key = (tier, scope.owner(tier))
+        with self._writing([key]), self._counting_rejections():
             memory, usage, created = self._store.add(
                 scope,
                 tier,
@@ -250,8 +292,8 @@ class MemoryEngine:
                 idempotency_key=idempotency_key,
                 still_wanted=still_wanted,
             )
-        if created:
-            self._written(tier, scope.owner(tier))
+            if created:
+                self._written(key, lambda p, g: p.added(memory, g, usage, **self._annotations()))
         return memory, usage, created
 
     def update(
@@ -269,7 +311,8 @@ class MemoryEngine:
             self._screen(settings, "content", content)
         if category is not None:
             self._screen(settings, "category", category)
-        with self._counting_rejections():
+        keys = [(tier, scope.owner(tier)) for tier in Tier]
+        with self._writing(keys), self._counting_rejections():
             memory, usage = self._store.update(
                 scope,
                 memory_id,
@@ -279,14 +322,22 @@ class MemoryEngine:
                 confidence=confidence,
                 still_wanted=still_wanted,
             )
-        self._written(memory.tier, scope.owner(memory.tier))
+            self._written(
+                (memory.tier, scope.owner(memory.tier)),
+                lambda p, g: p.changed(memory.id, memory, g, usage, **self._annotations()),
+            )
         return memory, usage
 
     def delete(
         self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
     ) -> tuple[Memory, Usage]:
-        memory, usage = self._store.delete(scope, memory_id, still_wanted=still_wanted)
-        self._written(memory.tier, scope.owner(memory.tier))
+        keys = [(tier, scope.owner(tier)) for tier in Tier]
+        with self._writing(keys):
+            memory, usage = self._store.delete(scope, memory_id, still_wanted=still_wanted)
+            self._written(
+                (memory.tier, scope.owner(memory.tier)),
+                lambda p, g: p.changed(memory.id, None, g, usage, **self._annotations()),
+            )
         return memory, usage
 
     # --- reads --------------------------------------------------------------
@@ -313,23 +364,26 @@ class MemoryEngine:
             _weights(self.settings(scope)),
             match_all=match_all,
             category=category,
+            limit=limit,
         )
-        return hits[:limit]
+        return hits
 
     def _partition(self, key: PartitionKey, *, force: bool = False) -> Partition:
         """The partition as of its current generation, loaded at most once."""
         cached = self._partitions.get(key)
         if cached is not None and not force and cached.generation == self._generations.current(key):
             return cached
-        with self._partition_locks[hash(key) % _STRIPES]:
-            # Read the generation before the rows: a write that commits while
-            # we load advances it past this tag, so the next caller reloads.
+        with self._stripe(key):
+            # Writes to this partition hold the same lock (see _writing), so
+            # the rows read here and the generation agree.
             generation = self._generations.current(key)
             cached = self._partitions.get(key)
             if cached is not None and cached.generation == generation and not force:
                 return cached
             memories, usage = self._store.tier_entries(*key)
-            partition = Partition.build(key[0], key[1], generation, memories, usage)
+            partition = Partition.build(
+                key[0], key[1], generation, memories, usage, **self._annotations()
+            )
             self._partitions.put(key, partition)
             return partition
 
@@ -362,17 +416,29 @@ class MemoryEngine:
         if settings.inject_system_block:
             for partition in partitions:
                 policy = settings.policy(partition.tier)
+                if not policy.enabled:
+                    parts.append(None)
+                    continue
+                shown = [
+                    _injectable(settings, memory, finding)
+                    for memory, finding in zip(partition.memories, partition.findings, strict=True)
+                ]
+                costs = [
+                    tokens if shown_memory is memory else self.tokens.count(shown_memory.content)
+                    for memory, shown_memory, tokens in zip(
+                        partition.memories, shown, partition.tokens, strict=True
+                    )
+                ]
                 parts.append(
                     blocks.tier_block(
                         partition.tier,
-                        [_injectable(settings, m) for m in partition.memories],
+                        shown,
                         partition.usage,
                         policy.limit_chars,
-                        count_tokens=self.tokens.count,
+                        costs=costs,
+                        separator_cost=self.tokens.count(SEPARATOR),
                         max_tokens=settings.max_injection_tokens,
                     )
-                    if policy.enabled
-                    else None
                 )
         text = blocks.system_block(parts)
         return View(
@@ -409,7 +475,7 @@ class MemoryEngine:
             view = self._view(scope, settings, force=compacted)
             self._sessions.attach(session, view, epoch)
         assert view is not None
-        self._metrics.snapshot_lookups.labels("hit" if hit else "miss").inc()
+        (self._hits if hit else self._misses).inc()
 
         # The turn block always reflects the store as of now (under
         # on_compaction too: only the frozen block waits for compaction).
@@ -427,23 +493,38 @@ class MemoryEngine:
             shown = set(view.shown_ids)
             cap = max_memories or settings.max_inject_memories
             budget = max_tokens or settings.max_injection_tokens
-            spent = self.tokens.count(blocks.turn_context([""]))
-            for memory, _score in rank(enabled, terms, _weights(settings)):
-                if len(elements) >= cap:
+            findings = {
+                m.id: f for p in enabled for m, f in zip(p.memories, p.findings, strict=True) if f
+            }
+            # Rank only as deep as the turn can use: the cap, plus what the
+            # frozen block already shows; deeper only if the budget skipped some.
+            depth: int | None = cap + len(shown)
+            while True:
+                ranked = rank(enabled, terms, _weights(settings), limit=depth)
+                elements.clear()
+                turn_ids.clear()
+                spent = self.tokens.count(blocks.turn_context([""]))
+                for memory, _score in ranked:
+                    if len(elements) >= cap:
+                        break
+                    if memory.id in shown:
+                        continue
+                    element = blocks.memory_element(
+                        _injectable(settings, memory, findings.get(memory.id))
+                    )
+                    cost = self.tokens.count(element)
+                    if spent + cost > budget:
+                        continue
+                    elements.append(element)
+                    turn_ids.append(memory.id)
+                    spent += cost
+                if len(elements) >= cap or depth is None or len(ranked) < depth:
                     break
-                if memory.id in shown:
-                    continue
-                element = blocks.memory_element(_injectable(settings, memory))
-                cost = self.tokens.count(element)
-                if spent + cost > budget:
-                    continue
-                elements.append(element)
-                turn_ids.append(memory.id)
-                spent += cost
+                depth = None
         turn = blocks.turn_context(elements)
         turn_tokens = self.tokens.count(turn)
-        self._metrics.injected_tokens.labels("system").inc(view.system_tokens)
-        self._metrics.injected_tokens.labels("turn").inc(turn_tokens)
+        self._system_tokens.inc(view.system_tokens)
+        self._turn_tokens.inc(turn_tokens)
         return Injection(
             system_block=view.system_block,
             turn_context=turn,

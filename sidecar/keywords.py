@@ -50,8 +50,16 @@ def _is_separator(ch: str) -> bool:
     return category[0] in "PSZC"
 
 
+# For ASCII text (most of it) one regex does what the per-character category
+# test does: anything but a letter or digit separates words.
+_ASCII_SEPARATORS = re.compile(r"[^a-z0-9]+")
+
+
 def words(text: str) -> list[str]:
     """Lowercased words with possessives and punctuation removed."""
+    if text.isascii():
+        text = _POSSESSIVE.sub("", text.lower().replace("`", "'"))
+        return [word for word in _ASCII_SEPARATORS.split(text) if word]
     text = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
     text = _POSSESSIVE.sub("", text)
     cleaned = "".join(" " if _is_separator(ch) else ch for ch in text)

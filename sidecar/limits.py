@@ -6,14 +6,16 @@ ErrorInfo metadata, so a client can tell what to shorten.
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from dataclasses import dataclass
 
 from sidecar.errors import InvalidArgument
 
-# Whitespace controls a multi-line text may hold; everything else in Unicode's
-# Cc category (NUL, ESC, DEL, ...) is refused.
-_TEXT_CONTROLS = frozenset("\n\r\t")
+# Unicode's Cc category is exactly U+0000-U+001F and U+007F-U+009F. A
+# multi-line text may hold tab, newline and carriage return; nothing else in
+# it (NUL, ESC, DEL, ...) is allowed anywhere.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+_MULTILINE_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +37,14 @@ def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> s
             reason="FIELD_TOO_LONG",
             metadata={"field": field, "limit": limit, "length": len(value)},
         )
-    for position, char in enumerate(value):
-        if unicodedata.category(char) == "Cc" and not (multiline and char in _TEXT_CONTROLS):
-            raise InvalidArgument(
-                f"{field} holds the control character U+{ord(char):04X} at position {position}",
-                reason="CONTROL_CHARACTER",
-                metadata={"field": field, "position": position, "character": f"U+{ord(char):04X}"},
-            )
+    found = (_MULTILINE_CONTROLS if multiline else _CONTROLS).search(value)
+    if found:
+        position, char = found.start(), found.group()
+        raise InvalidArgument(
+            f"{field} holds the control character U+{ord(char):04X} at position {position}",
+            reason="CONTROL_CHARACTER",
+            metadata={"field": field, "position": position, "character": f"U+{ord(char):04X}"},
+        )
     return value
 
 

@@ -1,0 +1,133 @@
+"""The index: incremental updates equal a fresh build; pruning changes nothing."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.memory import Memory, Tier, Usage
+from sidecar.ranking import Partition, Weights, rank
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "common",
+    "shared",
+    "river",
+    "stone",
+    "cloud",
+    "ember",
+    "frost",
+    "grove",
+    "harbor",
+    "island",
+    "jungle",
+]
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def memory(seq: int, text: str, confidence: float = 1.0, category: str = "") -> Memory:
+    stamp = T0 + timedelta(seconds=seq)
+    return Memory(f"m{seq}", Tier.MEMORY, text, category, confidence, stamp, stamp, seq)
+
+
+def build(memories: list[Memory], generation: int = 0) -> Partition:
+    return Partition.build(
+        Tier.MEMORY, "o", generation, memories, Usage.of(len(m.content) for m in memories)
+    )
+
+
+def same(a: Partition, b: Partition) -> None:
+    assert a.memories == b.memories
+    assert a.weights == b.weights
+    assert a.postings == b.postings
+    assert a.max_weight == b.max_weight
+    assert a.findings == b.findings
+    assert a.tokens == b.tokens
+
+
+def text(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_incremental_updates_equal_a_fresh_build(seed: int) -> None:
+    rng = random.Random(seed)
+    entries = [memory(i, text(rng)) for i in range(rng.randint(0, 6))]
+    partition = build(entries)
+    seq = len(entries)
+    hooks = {"scan": lambda m: None, "count_tokens": lambda s: len(s) // 4}
+    for step in range(12):
+        action = rng.choice(["add", "update", "delete"]) if entries else "add"
+        if action == "add":
+            seq += 1
+            new = memory(seq, text(rng))
+            entries.append(new)
+            partition = partition.added(new, step, Usage(), **hooks)
+        elif action == "update":
+            position = rng.randrange(len(entries))
+            old = entries[position]
+            new = memory(old.seq, text(rng), rng.random())
+            entries[position] = new
+            partition = partition.changed(old.id, new, step, Usage(), **hooks)
+        else:
+            old = entries.pop(rng.randrange(len(entries)))
+            partition = partition.changed(old.id, None, step, Usage(), **hooks)
+        same(partition, build(entries, step))
+
+
+def test_an_older_partition_is_untouched_by_updates() -> None:
+    first = build([memory(1, "alpha beta")])
+    second = first.added(
+        memory(2, "alpha gamma"), 1, Usage(), scan=lambda m: None, count_tokens=len
+    )
+    assert len(first.postings["alpha"]) == 1
+    assert len(second.postings["alpha"]) == 2
+    assert "gamma" not in first.postings
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    limit=st.integers(1, 12),
+    similarity=st.sampled_from([0.6, 1.0, 0.2]),
+)
+def test_pruned_ranking_is_exactly_the_full_ranking(
+    seed: int, limit: int, similarity: float
+) -> None:
+    rng = random.Random(seed)
+    # Skewed vocabulary: a few words in most entries, a long tail of rare ones.
+    tail = [f"rare{i}" for i in range(60)]
+    entries = []
+    for i in range(rng.randint(1, 120)):
+        words = rng.sample(WORDS[:4], rng.randint(0, 3)) + rng.sample(tail, rng.randint(0, 3))
+        entries.append(
+            memory(i, " ".join(words) or "alpha", round(rng.random(), 1), rng.choice(["", "x"]))
+        )
+    partitions = [build(entries[: len(entries) // 2]), build(entries[len(entries) // 2 :])]
+    query = rng.sample(WORDS[:4] + tail, rng.randint(1, 5))
+    weights = Weights(similarity, 1 - similarity)
+    for category in ("", "x"):
+        full = rank(partitions, query, weights, category=category)
+        assert rank(partitions, query, weights, category=category, limit=limit) == full[:limit]
+
+
+def test_match_all_needs_every_keyword() -> None:
+    p = build([memory(1, "alpha beta"), memory(2, "alpha"), memory(3, "beta gamma alpha")])
+    hits = rank([p], ["alpha", "beta"], Weights(), match_all=True)
+    assert [m.id for m, _ in hits] == ["m1", "m3"]
+    assert rank([p], ["alpha", "zeta"], Weights(), match_all=True) == []
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_no_keywords_rank_by_confidence_then_recency(limit: int | None) -> None:
+    p = build([memory(1, "a", 0.5), memory(2, "b", 0.9), memory(3, "c", 0.5)])
+    ranked = [m.id for m, _ in rank([p], [], Weights(), limit=limit)]
+    assert ranked == ["m2", "m3", "m1"][:limit]
