@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from sidecar.memory import SEPARATOR, Memory, Tier, Usage
-from sidecar.ranking import by_confidence
 
 RULE = "═" * 48
 _HEADERS = {Tier.MEMORY: "MEMORY (agent notes)", Tier.USER: "USER PROFILE (who the user is)"}
@@ -41,6 +40,7 @@ def tier_block(
     limit_chars: int,
     *,
     costs: Sequence[int],
+    order: Sequence[int],
     separator_cost: int,
     max_tokens: int,
 ) -> TierBlock | None:
@@ -50,7 +50,8 @@ def tier_block(
     small). An unlimited tier shows its highest-ranked entries (confidence,
     then recency) that fit in `max_tokens`, so the block does not depend on
     the prompt and stays byte-identical between writes. `costs` holds each
-    entry's token count, in the order of `memories`.
+    entry's token count, in the order of `memories`; `order` lists the
+    entries' positions by confidence, then recency, then insertion.
     """
     if not memories:
         return None
@@ -61,9 +62,9 @@ def tier_block(
     else:
         picked: list[Memory] = []
         spent = 0
-        cost_of = {m.id: cost for m, cost in zip(memories, costs, strict=True)}
-        for memory in by_confidence(memories):
-            cost = cost_of[memory.id] + (separator_cost if picked else 0)
+        for position in order:
+            memory = memories[position]
+            cost = costs[position] + (separator_cost if picked else 0)
             if spent + cost > max_tokens:
                 continue
             picked.append(memory)

@@ -436,6 +436,7 @@ class MemoryEngine:
                         partition.usage,
                         policy.limit_chars,
                         costs=costs,
+                        order=partition.by_confidence().tolist() if not policy.limit_chars else [],
                         separator_cost=self.tokens.count(SEPARATOR),
                         max_tokens=settings.max_injection_tokens,
                     )

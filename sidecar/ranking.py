@@ -18,10 +18,14 @@ every search, snapshot and session that needs it.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
@@ -30,7 +34,8 @@ K1 = 1.2
 B = 0.75
 REFERENCE_LENGTH = 16
 
-Key = tuple[int, int]  # (partition index, entry index)
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 TermWeights = tuple[tuple[str, float], ...]
 
 
@@ -47,7 +52,8 @@ class Partition:
 
     Per entry, in insertion order: the memory, its term weights, what the
     content scanner found in it (or None) and its token count, all computed
-    once. `postings` maps a term to {entry index: weight}.
+    once. `postings` maps a term to (entry indices, weights) arrays;
+    `confidence`, `recency` and `seq` are per-entry arrays for ranking.
     """
 
     tier: Tier
@@ -58,8 +64,10 @@ class Partition:
     weights: tuple[TermWeights, ...] = field(repr=False)
     findings: tuple[str | None, ...] = field(repr=False)
     tokens: tuple[int, ...] = field(repr=False)
-    postings: dict[str, dict[int, float]] = field(repr=False)
-    max_weight: dict[str, float] = field(repr=False)
+    postings: dict[str, tuple[IntArray, FloatArray]] = field(repr=False)
+    confidence: FloatArray = field(repr=False)
+    recency: FloatArray = field(repr=False)
+    seq: IntArray = field(repr=False)
 
     @classmethod
     def build(
@@ -96,11 +104,16 @@ class Partition:
         findings: tuple[str | None, ...],
         tokens: tuple[int, ...],
     ) -> Partition:
-        postings: dict[str, dict[int, float]] = {}
+        lists: dict[str, tuple[list[int], list[float]]] = {}
         for index, entry in enumerate(weights):
             for term, weight in entry:
-                postings.setdefault(term, {})[index] = weight
-        max_weight = {term: max(docs.values()) for term, docs in postings.items()}
+                indices, values = lists.setdefault(term, ([], []))
+                indices.append(index)
+                values.append(weight)
+        postings = {
+            term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
+            for term, (indices, values) in lists.items()
+        }
         return cls(
             tier,
             owner,
@@ -111,7 +124,9 @@ class Partition:
             findings,
             tokens,
             postings,
-            max_weight,
+            np.array([m.confidence for m in memories], dtype=np.float64),
+            np.array([m.updated_at.timestamp() for m in memories], dtype=np.float64),
+            np.array([m.seq for m in memories], dtype=np.int64),
         )
 
     def added(
@@ -126,15 +141,12 @@ class Partition:
         """This partition with one more entry, the newest (appended)."""
         index = len(self.memories)
         entry = term_weights(memory.content)
-        # Copy on write: only the touched terms' postings are new objects;
+        # Copy on write: only the touched terms' postings are new arrays;
         # readers of this partition keep seeing it unchanged.
         postings = dict(self.postings)
-        max_weight = dict(self.max_weight)
         for term, weight in entry:
-            docs = dict(postings.get(term, {}))
-            docs[index] = weight
-            postings[term] = docs
-            max_weight[term] = max(weight, max_weight.get(term, 0.0))
+            indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
+            postings[term] = (np.append(indices, index), np.append(values, weight))
         return Partition(
             self.tier,
             self.owner,
@@ -145,7 +157,9 @@ class Partition:
             (*self.findings, scan(memory)),
             (*self.tokens, count_tokens(memory.content)),
             postings,
-            max_weight,
+            np.append(self.confidence, memory.confidence),
+            np.append(self.recency, memory.updated_at.timestamp()),
+            np.append(self.seq, memory.seq),
         )
 
     def changed(
@@ -185,23 +199,15 @@ class Partition:
             tuple(tokens),
         )
 
+    def by_confidence(self) -> IntArray:
+        """Entry indices: highest confidence, then most recently updated, then oldest."""
+        return np.lexsort((self.seq, -self.recency, -self.confidence))
+
 
 @dataclass(frozen=True, slots=True)
 class Weights:
     similarity: float = 0.6
     confidence: float = 0.4
-
-
-def by_confidence(memories: Iterable[Memory]) -> list[Memory]:
-    """Highest confidence first, then most recently updated, then oldest entry."""
-    return sorted(memories, key=lambda m: (-m.confidence, -m.updated_at.timestamp(), m.seq))
-
-
-@dataclass(slots=True)
-class _Term:
-    idf: float
-    bound: float  # the most this term can add to one entry's bm25
-    lists: list[dict[int, float]]
 
 
 def rank(
@@ -218,95 +224,67 @@ def rank(
     No keywords: every memory, ranked by confidence, then recency, with its
     confidence as its score.
 
-    With a limit, entries are scored rarest term first (MaxScore): once the
-    `limit`-th best blended score beats anything an entry matching only the
-    remaining, more common terms could reach, those terms' long postings are
-    never walked. The answer is exactly the unpruned one, only cheaper.
+    Scores for every entry are accumulated term by term in arrays, so the
+    cost is the length of the query terms' postings at C speed, not Python's.
     """
-    if not keywords:
-        pool = [m for p in partitions for m in p.memories if not category or m.category == category]
-        ranked = [(m, m.confidence) for m in by_confidence(pool)]
-        return ranked if limit is None else ranked[:limit]
+    offsets = [0]
+    for p in partitions:
+        offsets.append(offsets[-1] + len(p.memories))
+    total = offsets[-1]
+    if not total:
+        return []
 
-    total_docs = sum(len(p.memories) for p in partitions)
+    def memory(k: int) -> Memory:
+        pi = bisect.bisect_right(offsets, k) - 1
+        found: Memory = partitions[pi].memories[k - offsets[pi]]
+        return found
+
+    confidence = np.concatenate([p.confidence for p in partitions])
+    seq = np.concatenate([p.seq for p in partitions])
+    keep = np.ones(total, dtype=bool)
+    if category:
+        keep = np.array([m.category == category for p in partitions for m in p.memories])
+
+    if not keywords:
+        recency = np.concatenate([p.recency for p in partitions])
+        order = np.lexsort((seq, -recency, -confidence))
+        order = order[keep[order]]
+        chosen = order if limit is None else order[:limit]
+        return [(memory(int(k)), float(confidence[k])) for k in chosen]
+
     unique = list(dict.fromkeys(keywords))
-    found: list[_Term] = []
+    bm25 = np.zeros(total, dtype=np.float64)
+    matched = np.zeros(total, dtype=np.int32)
     for term in unique:
-        lists = [p.postings.get(term, {}) for p in partitions]
-        df = sum(len(docs) for docs in lists)
+        found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
+        df = sum(len(indices) for _, (indices, _) in found)
         if not df:
             continue
-        idf = math.log(1 + (total_docs - df + 0.5) / (df + 0.5))
-        bound = idf * max(p.max_weight.get(term, 0.0) for p in partitions)
-        found.append(_Term(idf, bound, lists))
-    if not found or (match_all and len(found) < len(unique)):
+        idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+        for pi, (indices, values) in found:
+            # A term lists an entry at most once: plain fancy indexing adds safely.
+            bm25[offsets[pi] + indices] += idf * values
+            matched[offsets[pi] + indices] += 1
+    hit = keep & (matched >= (len(unique) if match_all else 1))
+    candidates = np.nonzero(hit)[0]
+    if not len(candidates):
         return []
-    found.sort(key=lambda t: t.bound, reverse=True)
-
-    def full_score(key: Key) -> float:
-        pi, index = key
-        return sum(t.idf * t.lists[pi].get(index, 0.0) for t in found)
-
-    scores: dict[Key, float] = {}
-    if match_all:
-        rarest = min(found, key=lambda t: sum(len(docs) for docs in t.lists))
-        for pi, docs in enumerate(rarest.lists):
-            for index in docs:
-                if all(index in t.lists[pi] for t in found):
-                    scores[(pi, index)] = full_score((pi, index))
-        return _finish(partitions, scores, weights, category, limit)
-
-    remaining = sum(t.bound for t in found)
-    for step, current in enumerate(found):
-        for pi, docs in enumerate(current.lists):
-            for index in docs:
-                key = (pi, index)
-                if key not in scores:
-                    scores[key] = full_score(key)
-        remaining -= current.bound
-        if limit is None or step == len(found) - 1:
-            continue
-        top, best = _top(partitions, scores, weights, category, limit)
-        # An entry not seen yet matches only the remaining terms: its bm25 is
-        # at most `remaining`, its blended score at most this ceiling. Beating
-        # the ceiling also settles the normalisation: were `remaining` above
-        # the best bm25 seen, the ceiling would exceed any reachable score.
-        if len(top) == limit:
-            ceiling = weights.similarity * remaining / best + weights.confidence
-            if top[-1][1] > ceiling:
-                return top
-    return _finish(partitions, scores, weights, category, limit)
+    best = float(bm25[candidates].max())
+    blended = (
+        weights.similarity * (bm25[candidates] / best)
+        + weights.confidence * (confidence[candidates])
+    )
+    if limit is not None and len(candidates) > limit:
+        # Everything scoring at least the limit-th best, ties included, then
+        # the exact order (score, then insertion) on that small set.
+        threshold = np.partition(blended, len(blended) - limit)[len(blended) - limit]
+        near = blended >= threshold
+        candidates, blended = candidates[near], blended[near]
+    order = np.lexsort((seq[candidates], -blended))
+    if limit is not None:
+        order = order[:limit]
+    return [(memory(int(candidates[k])), float(blended[k])) for k in order]
 
 
-def _top(
-    partitions: Sequence[Partition],
-    scores: dict[Key, float],
-    weights: Weights,
-    category: str,
-    limit: int | None,
-) -> tuple[list[tuple[Memory, float]], float]:
-    """The blended, ordered hits among `scores`, and the best bm25 among them."""
-    hits = [
-        (partitions[pi].memories[index], bm25)
-        for (pi, index), bm25 in scores.items()
-        if not category or partitions[pi].memories[index].category == category
-    ]
-    if not hits:
-        return [], 0.0
-    best = max(bm25 for _, bm25 in hits)
-    blended = [
-        (m, weights.similarity * (bm25 / best) + weights.confidence * m.confidence)
-        for m, bm25 in hits
-    ]
-    blended.sort(key=lambda hit: (-hit[1], hit[0].seq))
-    return (blended if limit is None else blended[:limit]), best
-
-
-def _finish(
-    partitions: Sequence[Partition],
-    scores: dict[Key, float],
-    weights: Weights,
-    category: str,
-    limit: int | None,
-) -> list[tuple[Memory, float]]:
-    return _top(partitions, scores, weights, category, limit)[0]
+_NO_INDICES: IntArray = np.array([], dtype=np.int64)
+_NO_WEIGHTS: FloatArray = np.array([], dtype=np.float64)
