@@ -494,9 +494,7 @@ class MemoryEngine:
             shown = set(view.shown_ids)
             cap = max_memories or settings.max_inject_memories
             budget = max_tokens or settings.max_injection_tokens
-            findings = {
-                m.id: f for p in enabled for m, f in zip(p.memories, p.findings, strict=True) if f
-            }
+            findings = {k: v for p in enabled for k, v in p.flagged.items()}
             # Rank only as deep as the turn can use: the cap, plus what the
             # frozen block already shows; deeper only if the budget skipped some.
             depth: int | None = cap + len(shown)

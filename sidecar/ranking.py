@@ -33,6 +33,8 @@ from sidecar.memory import Memory, Tier, Usage
 K1 = 1.2
 B = 0.75
 REFERENCE_LENGTH = 16
+# Below this many entries, plain Python beats numpy's per-call overhead.
+VECTORIZE_FROM = 512
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -68,6 +70,8 @@ class Partition:
     confidence: FloatArray = field(repr=False)
     recency: FloatArray = field(repr=False)
     seq: IntArray = field(repr=False)
+    # id -> finding, for the few entries the scanner flagged.
+    flagged: dict[str, str] = field(repr=False)
 
     @classmethod
     def build(
@@ -127,6 +131,7 @@ class Partition:
             np.array([m.confidence for m in memories], dtype=np.float64),
             np.array([m.updated_at.timestamp() for m in memories], dtype=np.float64),
             np.array([m.seq for m in memories], dtype=np.int64),
+            {m.id: f for m, f in zip(memories, findings, strict=True) if f},
         )
 
     def added(
@@ -147,6 +152,7 @@ class Partition:
         for term, weight in entry:
             indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
             postings[term] = (np.append(indices, index), np.append(values, weight))
+        finding = scan(memory)
         return Partition(
             self.tier,
             self.owner,
@@ -154,12 +160,13 @@ class Partition:
             (*self.memories, memory),
             usage,
             (*self.weights, entry),
-            (*self.findings, scan(memory)),
+            (*self.findings, finding),
             (*self.tokens, count_tokens(memory.content)),
             postings,
             np.append(self.confidence, memory.confidence),
             np.append(self.recency, memory.updated_at.timestamp()),
             np.append(self.seq, memory.seq),
+            {**self.flagged, memory.id: finding} if finding else self.flagged,
         )
 
     def changed(
@@ -218,15 +225,23 @@ def rank(
     match_all: bool = False,
     category: str = "",
     limit: int | None = None,
+    vectorized: bool | None = None,
 ) -> list[tuple[Memory, float]]:
     """The best `limit` matching memories (all with None) and their scores.
 
     No keywords: every memory, ranked by confidence, then recency, with its
     confidence as its score.
 
-    Scores for every entry are accumulated term by term in arrays, so the
-    cost is the length of the query terms' postings at C speed, not Python's.
+    Large tiers are scored in numpy arrays, so the cost is the query terms'
+    postings at C speed; small ones (the budgeted tiers of a cached turn) in
+    plain Python, which has no per-call array overhead. Both compute the same
+    floating-point operations in the same order and return the same answer
+    (tests/test_ranking.py); `vectorized` forces one for those tests.
     """
+    if vectorized is None:
+        vectorized = sum(len(p.memories) for p in partitions) > VECTORIZE_FROM
+    if not vectorized:
+        return _rank_python(partitions, keywords, weights, match_all, category, limit)
     offsets = [0]
     for p in partitions:
         offsets.append(offsets[-1] + len(p.memories))
@@ -284,6 +299,54 @@ def rank(
     if limit is not None:
         order = order[:limit]
     return [(memory(int(candidates[k])), float(blended[k])) for k in order]
+
+
+def _rank_python(
+    partitions: Sequence[Partition],
+    keywords: Sequence[str],
+    weights: Weights,
+    match_all: bool,
+    category: str,
+    limit: int | None,
+) -> list[tuple[Memory, float]]:
+    pool = [m for p in partitions for m in p.memories]
+    if not keywords:
+        chosen = sorted(
+            (m for m in pool if not category or m.category == category),
+            key=lambda m: (-m.confidence, -m.updated_at.timestamp(), m.seq),
+        )
+        return [(m, m.confidence) for m in (chosen if limit is None else chosen[:limit])]
+    unique = list(dict.fromkeys(keywords))
+    total = len(pool)
+    bm25: dict[int, float] = {}
+    matched: dict[int, int] = {}
+    for term in unique:
+        found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
+        df = sum(len(indices) for _, (indices, _) in found)
+        if not df:
+            continue
+        idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+        for pi, (indices, values) in found:
+            base = sum(len(p.memories) for p in partitions[:pi])
+            for index, value in zip(indices.tolist(), values.tolist(), strict=True):
+                k = base + index
+                bm25[k] = bm25.get(k, 0.0) + idf * value
+                matched[k] = matched.get(k, 0) + 1
+    needed = len(unique) if match_all else 1
+    hits = [
+        k
+        for k, n in matched.items()
+        if n >= needed and (not category or pool[k].category == category)
+    ]
+    if not hits:
+        return []
+    best = max(bm25[k] for k in hits)
+    blended = [
+        (pool[k], weights.similarity * (bm25[k] / best) + weights.confidence * pool[k].confidence)
+        for k in hits
+    ]
+    blended.sort(key=lambda hit: (-hit[1], hit[0].seq))
+    return blended if limit is None else blended[:limit]
 
 
 _NO_INDICES: IntArray = np.array([], dtype=np.int64)

@@ -53,6 +53,7 @@ def same(a: Partition, b: Partition) -> None:
     for column in ("confidence", "recency", "seq"):
         assert getattr(a, column).tolist() == getattr(b, column).tolist()
     assert a.findings == b.findings
+    assert a.flagged == b.flagged
     assert a.tokens == b.tokens
 
 
@@ -133,3 +134,28 @@ def test_no_keywords_rank_by_confidence_then_recency(limit: int | None) -> None:
     p = build([memory(1, "a", 0.5), memory(2, "b", 0.9), memory(3, "c", 0.5)])
     ranked = [m.id for m, _ in rank([p], [], Weights(), limit=limit)]
     assert ranked == ["m2", "m3", "m1"][:limit]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    limit=st.one_of(st.none(), st.integers(1, 12)),
+    match_all=st.booleans(),
+    keywordless=st.booleans(),
+)
+def test_python_and_numpy_ranking_agree(
+    seed: int, limit: int | None, match_all: bool, keywordless: bool
+) -> None:
+    rng = random.Random(seed)
+    entries = [
+        memory(i, text(rng), round(rng.random(), 1), rng.choice(["", "x"]))
+        for i in range(rng.randint(1, 60))
+    ]
+    cut = rng.randint(0, len(entries))
+    partitions = [build(entries[:cut]), build(entries[cut:])]
+    query = [] if keywordless else rng.sample(WORDS, rng.randint(1, 4))
+    for category in ("", "x"):
+        arguments = {"match_all": match_all, "category": category, "limit": limit}
+        python = rank(partitions, query, Weights(), vectorized=False, **arguments)
+        vector = rank(partitions, query, Weights(), vectorized=True, **arguments)
+        assert python == vector
