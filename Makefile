@@ -7,7 +7,7 @@ BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 DB ?= var/memory.db
 
-.PHONY: run test lint typecheck check protos buf node-example clean
+.PHONY: run test lint typecheck check bench protos buf node-example clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,8 @@ test: $(STAMP) buf node-example
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) buf
-	$(BIN)/ruff check sidecar tests scripts
-	$(BIN)/ruff format --check sidecar tests scripts
+	$(BIN)/ruff check sidecar tests scripts bench
+	$(BIN)/ruff format --check sidecar tests scripts bench
 	@if [ -x $(BUF) ]; then $(BUF) lint; fi
 
 typecheck: $(STAMP)
@@ -53,6 +53,11 @@ typecheck: $(STAMP)
 
 # Exactly what CI runs (.ci/run).
 check: lint typecheck test
+
+# Benchmarks write docs/BENCHMARKS.md; never part of `make test`.
+# `make bench QUICK=1` is a smoke run of under a minute.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run $(if $(QUICK),--quick)
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -11,12 +11,10 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,7 +153,7 @@ def interleaved(
 
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def us(seconds: float) -> str:

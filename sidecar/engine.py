@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -124,6 +125,9 @@ class Injection:
     turn_tokens: int
     token_counter: str
     usage: dict[Tier, Usage]
+    # The snapshot the frozen block came from: the same object on every
+    # cached turn, so callers may cache what they derive from it.
+    snapshot: View
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,24 +474,35 @@ class MemoryEngine:
         session = self._sessions.get(session_id, scope.agent_id, self._now())
         view = session.view
         frozen = settings.snapshot_refresh == "on_compaction"
-        hit = view is not None and view.scope == scope and (frozen or self._is_current(view))
+        # Which of the view's partitions are still current, looked up once.
+        fresh = (
+            [p.generation == self._generations.current((p.tier, p.owner)) for p in view.partitions]
+            if view is not None
+            else []
+        )
+        hit = view is not None and view.scope == scope and (frozen or all(fresh))
         if not hit:
             epoch, compacted = session.epoch, session.compacted
             view = self._view(scope, settings, force=compacted)
             self._sessions.attach(session, view, epoch)
+            fresh = [True] * len(view.partitions)
         assert view is not None
         (self._hits if hit else self._misses).inc()
 
         # The turn block always reflects the store as of now (under
         # on_compaction too: only the frozen block waits for compaction).
         current = {
-            p.tier: p if self._is_current_partition(p) else self._partition((p.tier, p.owner))
-            for p in view.partitions
+            p.tier: p if ok else self._partition((p.tier, p.owner))
+            for p, ok in zip(view.partitions, fresh, strict=True)
         }
         turn_ids: list[str] = []
         elements: list[str] = []
-        if settings.inject_memories:
-            enabled = [current[t] for t in Tier if settings.policy(t).enabled]
+        enabled = [current[t] for t in self._enabled_tiers(settings)]
+        # When the frozen block already shows every memory there is (the usual
+        # case with budgeted tiers), nothing is left to rank: skip keyword
+        # extraction and ranking altogether.
+        left = sum(len(p.memories) for p in enabled) - len(view.shown_ids)
+        if settings.inject_memories and (left > 0 or not self._covers(view, enabled)):
             terms = self._keywords(
                 settings, strategy, user_message, recent_messages, given_keywords
             )
@@ -536,10 +551,18 @@ class MemoryEngine:
             turn_tokens=turn_tokens,
             token_counter=self.tokens.name,
             usage={tier: p.usage for tier, p in current.items()},
+            snapshot=view,
         )
 
-    def _is_current_partition(self, partition: Partition) -> bool:
-        return partition.generation == self._generations.current((partition.tier, partition.owner))
+    @staticmethod
+    @functools.cache
+    def _enabled_tiers(settings: AgentSettings) -> tuple[Tier, ...]:
+        return tuple(t for t in Tier if settings.policy(t).enabled)
+
+    @staticmethod
+    def _covers(view: View, enabled: list[Partition]) -> bool:
+        """Whether the frozen block shows exactly the entries of `enabled`."""
+        return all(p in view.partitions for p in enabled)
 
     def _keywords(
         self,

@@ -6,6 +6,7 @@ sidecar.interceptors; nothing here builds a status itself.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from sidecar import tokens
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import AgentSettings
-from sidecar.engine import MemoryEngine
+from sidecar.engine import MemoryEngine, View
 from sidecar.errors import InvalidArgument
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
@@ -120,6 +121,9 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
         self._limits = limits
+        self._frozen: weakref.WeakKeyDictionary[View, pb.InjectForTurnResponse] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # --- request fields -----------------------------------------------------
 
@@ -262,19 +266,27 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             max_tokens=_bounded("max_tokens", request.max_tokens, MAX_INJECT_TOKENS),
         )
         settings = self._engine.settings(scope)
-        return pb.InjectForTurnResponse(
-            system_block=turn.system_block,
-            turn_context=turn.turn_context,
-            snapshot_generation=turn.generation,
-            snapshot_sha256=turn.sha256,
-            cache_hit=turn.cache_hit,
-            injected_memory_ids=turn.turn_memory_ids,
-            system_block_memory_ids=turn.system_memory_ids,
-            system_block_tokens=turn.system_tokens,
-            turn_context_tokens=turn.turn_tokens,
-            token_counter=_COUNTERS[turn.token_counter],
-            usage=[usage_pb(tier, turn.usage[tier], settings) for tier in Tier],
-        )
+        # The frozen half of the answer is the same for every turn served from
+        # one snapshot: built once, copied (in C) per turn.
+        frozen = self._frozen.get(turn.snapshot)
+        if frozen is None:
+            frozen = pb.InjectForTurnResponse(
+                system_block=turn.system_block,
+                snapshot_generation=turn.generation,
+                snapshot_sha256=turn.sha256,
+                system_block_memory_ids=turn.system_memory_ids,
+                system_block_tokens=turn.system_tokens,
+                token_counter=_COUNTERS[turn.token_counter],
+            )
+            self._frozen[turn.snapshot] = frozen
+        response = pb.InjectForTurnResponse()
+        response.CopyFrom(frozen)
+        response.cache_hit = turn.cache_hit
+        response.turn_context = turn.turn_context
+        response.injected_memory_ids.extend(turn.turn_memory_ids)
+        response.turn_context_tokens = turn.turn_tokens
+        response.usage.extend(usage_pb(tier, turn.usage[tier], settings) for tier in Tier)
+        return response
 
     def NotifyCompaction(
         self, request: pb.NotifyCompactionRequest, context: Any

@@ -11,6 +11,7 @@ snapshot happens outside it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -49,7 +50,7 @@ class SessionTable(Generic[V]):
         limits: Callable[[str], Limits],
         on_evict: Callable[[int], None] = lambda n: None,
     ) -> None:
-        self._limits = limits
+        self._limits = functools.cache(limits)  # configuration does not change
         self._on_evict = on_evict
         self._lock = threading.Lock()
         self._agents: dict[str, OrderedDict[str, Session[V]]] = {}
