@@ -205,14 +205,22 @@ def health_floor(channel: grpc.Channel, count: int) -> list[float]:
 def bench_floor_and_cached_turn(report: Report, work: Path, corpus: Corpus, count: int) -> float:
     db = work / "turn.db"
     notes = list(corpus.memories(12))
-    populate(db, {("bench-agent", Tier.MEMORY): notes[:8], ("bench-user", Tier.USER): notes[8:]})
+    populate(
+        db,
+        {
+            ("bench-agent", Tier.MEMORY): notes[:8],
+            ("bench-user", Tier.USER): notes[8:],
+            ("ranking-agent", Tier.MEMORY): notes[:8],
+        },
+    )
+    config = "agents: {ranking-agent: {inject_system_block: false}}\n"
     rows: list[Row] = []
     floor_tcp = 0.0
     for transport, listen in (
         ("TCP loopback", "127.0.0.1:0"),
         ("Unix socket", f"unix:{work / 'api.sock'}"),
     ):
-        with daemon(db, listen=listen) as d, grpc.insecure_channel(d.api) as channel:
+        with daemon(db, config, listen=listen) as d, grpc.insecure_channel(d.api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
             request = pb.InjectForTurnRequest(
                 scope=SCOPE, session_id="cached", user_message=corpus.question(notes[0])
@@ -235,6 +243,27 @@ def bench_floor_and_cached_turn(report: Report, work: Path, corpus: Corpus, coun
             rows.append(
                 [transport, "health check (floor)", us(f50), us(pct(floor, 99)), "1.00x", "-"]
             )
+            ranked_request = pb.InjectForTurnRequest(
+                scope=pb.Scope(agent_id="ranking-agent", user_id="bench-user"),
+                session_id="ranked",
+                user_message=request.user_message,
+            )
+            stub.InjectForTurn(ranked_request, timeout=10)
+            _, ranked = interleaved(
+                lambda: health.Check(check, timeout=10),
+                lambda: stub.InjectForTurn(ranked_request, timeout=10),
+                count // 2,
+            )
+            rows.append(
+                [
+                    transport,
+                    "InjectForTurn, cached, ranking the turn block",
+                    us(pct(ranked, 50)),
+                    us(pct(ranked, 99)),
+                    f"{pct(ranked, 50) / f50:.2f}x",
+                    "system block off",
+                ]
+            )
             rows.append(
                 [
                     transport,
@@ -249,7 +278,9 @@ def bench_floor_and_cached_turn(report: Report, work: Path, corpus: Corpus, coun
         "1-2. The floor and the cached turn",
         f"Sequential calls, {count} each after a warm-up. The floor is a health check on the "
         "same server; a cached InjectForTurn (snapshot built, 12 memories, an 8-word message) "
-        "is reported as a ratio to it. Target: p50 within 1.20x, and zero database queries "
+        "is reported as a ratio to it; so is one whose turn block ranks the same memories "
+        "against the message (its agent has the system block off). Target: p50 within 1.20x, "
+        "and zero database queries "
         "(read from the daemon's own metrics).",
         ["transport", "call", "p50", "p99", "p50 / floor", "database"],
         rows,
