@@ -6,6 +6,7 @@ sidecar.interceptors; nothing here builds a status itself.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +84,10 @@ def usage_pb(tier: Tier, usage: Usage, settings: AgentSettings) -> pb.TierUsage:
         enabled=policy.enabled,
     )
 
+
+# A turn's usage repeats until the next write: keep recent messages around
+# (protobuf copies them into each response).
+_usage_pb_cached = functools.lru_cache(maxsize=1024)(usage_pb)
 
 _STRATEGIES = {
     pb.KEYWORD_STRATEGY_UNSPECIFIED: "",
@@ -285,7 +290,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         response.turn_context = turn.turn_context
         response.injected_memory_ids.extend(turn.turn_memory_ids)
         response.turn_context_tokens = turn.turn_tokens
-        response.usage.extend(usage_pb(tier, turn.usage[tier], settings) for tier in Tier)
+        response.usage.extend(_usage_pb_cached(tier, turn.usage[tier], settings) for tier in Tier)
         return response
 
     def NotifyCompaction(

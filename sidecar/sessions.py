@@ -78,7 +78,12 @@ class SessionTable(Generic[V]):
             else:
                 session.last_used = now
                 sessions.move_to_end(session_id)
-            evicted = self._evict_agent(agent_id, now, keep=session_id)
+            # Only the cap is enforced here, and only when it is exceeded; idle
+            # sessions go in evict_idle, which the janitor runs periodically.
+            # A cached turn then pays no scan of the table.
+            evicted = 0
+            if len(sessions) > self._limits(agent_id).max_sessions:
+                evicted = self._evict_agent(agent_id, now, keep=session_id)
         if evicted:
             self._on_evict(evicted)
         return session
