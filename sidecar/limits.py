@@ -20,13 +20,15 @@ _MULTILINE_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    content_chars: int = 8192
-    category_chars: int = 128
-    id_chars: int = 256
-    query_chars: int = 4096
-    message_chars: int = 65_536
-    recent_messages: int = 64
-    keywords: int = 128
+    """Built from the configuration (ServerSettings.limits), where the defaults live."""
+
+    content_chars: int
+    category_chars: int
+    id_chars: int
+    query_chars: int
+    message_chars: int
+    recent_messages: int
+    keywords: int
 
 
 def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> str:

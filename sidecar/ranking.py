@@ -271,11 +271,7 @@ def rank(
     bm25 = np.zeros(total, dtype=np.float64)
     matched = np.zeros(total, dtype=np.int32)
     for term in unique:
-        found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
-        df = sum(len(indices) for _, (indices, _) in found)
-        if not df:
-            continue
-        idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+        idf, found = _term(partitions, term, total)
         for pi, (indices, values) in found:
             # A term lists an entry at most once: plain fancy indexing adds safely.
             bm25[offsets[pi] + indices] += idf * values
@@ -301,6 +297,15 @@ def rank(
     return [(memory(int(candidates[k])), float(blended[k])) for k in order]
 
 
+def _term(
+    partitions: Sequence[Partition], term: str, total: int
+) -> tuple[float, list[tuple[int, tuple[IntArray, FloatArray]]]]:
+    """A query term's idf over all entries, and its postings per partition."""
+    found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
+    df = sum(len(indices) for _, (indices, _) in found)
+    return math.log(1 + (total - df + 0.5) / (df + 0.5)), found
+
+
 def _rank_python(
     partitions: Sequence[Partition],
     keywords: Sequence[str],
@@ -318,18 +323,16 @@ def _rank_python(
         return [(m, m.confidence) for m in (chosen if limit is None else chosen[:limit])]
     unique = list(dict.fromkeys(keywords))
     total = len(pool)
+    offsets = [0]
+    for p in partitions:
+        offsets.append(offsets[-1] + len(p.memories))
     bm25: dict[int, float] = {}
     matched: dict[int, int] = {}
     for term in unique:
-        found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
-        df = sum(len(indices) for _, (indices, _) in found)
-        if not df:
-            continue
-        idf = math.log(1 + (total - df + 0.5) / (df + 0.5))
+        idf, found = _term(partitions, term, total)
         for pi, (indices, values) in found:
-            base = sum(len(p.memories) for p in partitions[:pi])
             for index, value in zip(indices.tolist(), values.tolist(), strict=True):
-                k = base + index
+                k = offsets[pi] + index
                 bm25[k] = bm25.get(k, 0.0) + idf * value
                 matched[k] = matched.get(k, 0) + 1
     needed = len(unique) if match_all else 1
