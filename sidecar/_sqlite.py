@@ -1,9 +1,10 @@
-"""Everything SQLite-specific, in one place: connection set-up and schema DDL.
+"""Everything SQLite-specific, in one place: connection set-up, schema DDL,
+online backups, and which driver errors mean what.
 
 A PostgreSQL backend (issue: many replicas) adds a sibling module with the
-same three things: `open_database`, `write_transaction` and `MIGRATIONS`.
-The store's queries themselves go through Peewee's query builder and are
-portable.
+same things: `open_database`, `write_transaction`, `MIGRATIONS`, `backup`,
+`ErrorGuard`. The store's queries themselves come from Peewee's query
+builder and are portable.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import peewee
 from playhouse.pool import PooledSqliteDatabase
 
 from sidecar.clock import parse_timestamp, system_clock, to_micros
+from sidecar.errors import StoreError, Unavailable
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -184,3 +187,28 @@ MIGRATIONS: list[tuple[int, str, Callable[[PooledSqliteDatabase], None]]] = [
     (2, "two tiers, owners, confidence", _v2_tiers),
     (3, "idempotency keys", _v3_idempotency),
 ]
+
+
+class ErrorGuard:
+    """Turns driver errors that a client can act on into SidecarErrors."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, peewee.OperationalError | sqlite3.OperationalError):
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise Unavailable(
+                    "the database stayed locked past the busy timeout; retry",
+                    reason="DATABASE_BUSY",
+                ) from exc
+        if isinstance(exc, peewee.DatabaseError | sqlite3.DatabaseError) and (
+            "file is not a database" in str(exc)
+        ):
+            raise StoreError(f"{self.path} is not an SQLite database") from exc

@@ -28,12 +28,12 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar import blocks, scanner
+from sidecar._caches import LRU, Generations
 from sidecar.config import AgentSettings, Config
 from sidecar.errors import BudgetExceeded, InvalidArgument
 from sidecar.keywords import keywords
@@ -48,53 +48,6 @@ from sidecar.tokens import TokenCounter
 log = logging.getLogger(__name__)
 PartitionKey = tuple[Tier, str]
 _STRIPES = 64
-
-
-class Generations:
-    """Per-partition write counters, drawn from one global sequence.
-
-    Because every new value is larger than every value before it, a view
-    built at generation g (the largest of its partitions') is stale exactly
-    when one of its partitions has moved on.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counter = 0
-        self._of: dict[PartitionKey, int] = {}
-
-    def current(self, key: PartitionKey) -> int:
-        return self._of.get(key, 0)
-
-    def advance(self, key: PartitionKey) -> int:
-        with self._lock:
-            self._counter += 1
-            self._of[key] = self._counter
-            return self._counter
-
-
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        self._items: OrderedDict[PartitionKey, Partition] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: PartitionKey) -> Partition | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: PartitionKey, item: Partition) -> None:
-        with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
@@ -177,7 +130,7 @@ class MemoryEngine:
         self.tokens = tokens or TokenCounter()
         self._now = now
         self._generations = Generations()
-        self._partitions = _LRU(config.server.partition_cache_size)
+        self._partitions: LRU[PartitionKey, Partition] = LRU(config.server.partition_cache_size)
         self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
             weakref.WeakValueDictionary()
         )

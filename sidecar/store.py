@@ -1,4 +1,4 @@
-"""The store: the only module (with its SQLite helper) that touches Peewee.
+"""The store: with its private helpers (_sqlite, _statements), the only code that touches Peewee.
 
 Every public method opens a pooled connection for its own duration, so the
 store is safe to call from any thread. Writes that read before they write
@@ -9,16 +9,16 @@ concurrent writers can never push a tier over its budget together.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import peewee
 from peewee import fn
 
 from sidecar import _sqlite
+from sidecar._statements import Record, Statements, Template
 from sidecar.clock import Clock, from_micros, system_clock, to_micros
 from sidecar.errors import (
     BudgetExceeded,
@@ -27,7 +27,6 @@ from sidecar.errors import (
     InvalidArgument,
     NotFound,
     StoreError,
-    Unavailable,
 )
 from sidecar.memory import (
     SEPARATOR_CHARS,
@@ -111,92 +110,7 @@ def _bind(model: type[M], db: peewee.Database, table: str) -> type[M]:
     return type(model.__name__.lstrip("_"), (model,), {"Meta": meta, "__module__": __name__})
 
 
-class _Record(NamedTuple):
-    """A `memories` row as the hot paths read it (same names as _Row's fields)."""
-
-    seq: int
-    memory_id: str
-    tier: str
-    owner: str
-    content: str
-    content_chars: int
-    category: str
-    confidence: float
-    created_at: int
-    updated_at: int
-
-
-class _Template:
-    """One statement rendered by Peewee once, run many times with new values.
-
-    Rendering a query through Peewee costs more than SQLite takes to run it
-    (about 0.6 ms of a 1 ms write), and the hot-path statements never change
-    shape. The query is built with a distinct sentinel per value; the
-    rendered SQL is kept, with where each named value goes among the
-    parameters. The SQL is still Peewee's, for whichever backend it targets.
-    """
-
-    def __init__(self, query: Any, sentinels: Mapping[str, object]) -> None:
-        self.sql, params = query.sql()
-        names = {value: name for name, value in sentinels.items()}
-        self._slots: list[tuple[str | None, object]] = [
-            (names[p], None) if p in names else (None, p) for p in params
-        ]
-
-    def params(self, **values: object) -> list[object]:
-        return [values[name] if name else literal for name, literal in self._slots]
-
-
-class _Statements:
-    """The hot paths' statements for one bound model."""
-
-    def __init__(self, Row: type[_Row]) -> None:
-        columns = [getattr(Row, name) for name in _Record._fields]
-        scope = (Row.owner == "\x00owner") & (Row.tier == "\x00tier")
-        marks = {"owner": "\x00owner", "tier": "\x00tier"}
-        self.identical = _Template(
-            Row.select(*columns)
-            .where(scope & (Row.content_sha256 == "\x00digest") & (Row.content == "\x00content"))
-            .order_by(Row.seq)
-            .limit(1),
-            {**marks, "digest": "\x00digest", "content": "\x00content"},
-        )
-        self.usage = _Template(
-            Row.select(fn.COALESCE(fn.SUM(Row.content_chars), 0), fn.COUNT(Row.seq)).where(scope),
-            marks,
-        )
-        self.partition = _Template(Row.select(*columns).where(scope).order_by(Row.seq), marks)
-        self.by_id = _Template(
-            Row.select(*columns).where(Row.memory_id == "\x00id"), {"id": "\x00id"}
-        )
-        values = {
-            "memory_id": "\x00id",
-            "tier": "\x00tier",
-            "owner": "\x00owner",
-            "content": "\x00content",
-            "content_chars": -1_000_001,
-            "content_sha256": "\x00digest",
-            "category": "\x00category",
-            "confidence": -1.25,
-            "created_at": -1_000_002,
-            "updated_at": -1_000_003,
-        }
-        self.insert = _Template(Row.insert(**values), values)
-        changes = {
-            "content": "\x00content",
-            "content_chars": -1_000_001,
-            "content_sha256": "\x00digest",
-            "category": "\x00category",
-            "confidence": -1.25,
-            "updated_at": -1_000_003,
-        }
-        self.update = _Template(
-            Row.update(**changes).where(Row.seq == -1_000_004), {**changes, "seq": -1_000_004}
-        )
-        self.delete = _Template(Row.delete().where(Row.seq == -1_000_004), {"seq": -1_000_004})
-
-
-def _to_memory(row: _Row | _Record) -> Memory:
+def _to_memory(row: _Row | Record) -> Memory:
     return Memory(
         id=row.memory_id,
         tier=Tier(row.tier),
@@ -237,7 +151,7 @@ class Store:
         )
         self._rows = _bind(_Row, self._db, "memories")
         self._keys = _bind(_Key, self._db, "idempotency_keys")
-        self._sql = _Statements(self._rows)
+        self._sql = Statements(self._rows)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
@@ -353,8 +267,8 @@ class Store:
                 current = version
         return current
 
-    def _guard(self) -> _ErrorGuard:
-        return _ErrorGuard(self.path)
+    def _guard(self) -> _sqlite.ErrorGuard:
+        return _sqlite.ErrorGuard(self.path)
 
     # --- writes -------------------------------------------------------------
 
@@ -533,9 +447,9 @@ class Store:
 
     # --- helpers (call inside a connection) ---------------------------------
 
-    def _rows_of(self, template: _Template, **values: object) -> list[_Record]:
+    def _rows_of(self, template: Template, **values: object) -> list[Record]:
         cursor = self._db.execute_sql(template.sql, template.params(**values))
-        return [_Record(*row) for row in cursor.fetchall()]
+        return [Record(*row) for row in cursor.fetchall()]
 
     def _usage(self, owner: str, tier: Tier) -> Usage:
         template = self._sql.usage
@@ -546,7 +460,7 @@ class Store:
 
     def _replay(
         self, owner: str, tier: Tier, key: str, content: str, now: int
-    ) -> _Row | _Record | None:
+    ) -> _Row | Record | None:
         """The entry an earlier add with this key stored, if the key is known."""
         Key = self._keys
         Key.delete().where(Key.created_at < now - IDEMPOTENCY_TTL_MICROS).execute()
@@ -582,7 +496,7 @@ class Store:
                 created_at=now,
             )
 
-    def _identical(self, owner: str, tier: Tier, content: str) -> _Record | None:
+    def _identical(self, owner: str, tier: Tier, content: str) -> Record | None:
         """The first entry of this owner and tier with exactly this content."""
         rows = self._rows_of(
             self._sql.identical,
@@ -603,8 +517,8 @@ class Store:
         confidence: float,
         created_at: int,
         updated_at: int | None = None,
-    ) -> _Record:
-        row = _Record(
+    ) -> Record:
+        row = Record(
             0,
             memory_id,
             tier.value,
@@ -633,7 +547,7 @@ class Store:
         )
         return row._replace(seq=cursor.lastrowid)
 
-    def _find(self, scope: Scope, memory_id: str) -> _Record:
+    def _find(self, scope: Scope, memory_id: str) -> Record:
         rows = self._rows_of(self._sql.by_id, id=memory_id)
         row = rows[0] if rows else None
         if row is None or row.owner != scope.owner(Tier(row.tier)):
@@ -682,28 +596,3 @@ def _check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: 
             limit=policy.limit_chars,
             requested=added,
         )
-
-
-class _ErrorGuard:
-    """Turns driver errors that a client can act on into SidecarErrors."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            return
-        if isinstance(exc, peewee.OperationalError | sqlite3.OperationalError):
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                raise Unavailable(
-                    "the database stayed locked past the busy timeout; retry",
-                    reason="DATABASE_BUSY",
-                ) from exc
-        if isinstance(exc, peewee.DatabaseError | sqlite3.DatabaseError) and (
-            "file is not a database" in str(exc)
-        ):
-            raise StoreError(f"{self.path} is not an SQLite database") from exc
