@@ -91,6 +91,15 @@ def hammer(
     return threads
 
 
+def wait_for_writes(ledger: Ledger, acks: int) -> None:
+    """Until the writers are well into their stream (not a fixed sleep: a
+    loaded machine may need longer to get going), then a little more."""
+    deadline = time.monotonic() + 30
+    while ledger.acks < acks and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+
+
 def everything(address: str) -> dict[str, pb.Memory]:
     """Every memory the writers' scopes hold; every tier within its budget."""
     found: dict[str, pb.Memory] = {}
@@ -137,7 +146,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, durabilit
         threads: list[threading.Thread] = []
         try:
             threads = hammer(daemon, round_, stop, ledger)
-            time.sleep(0.8)
+            wait_for_writes(ledger, acks_before + 30)
             daemon.process.send_signal(signal.SIGKILL)
             daemon.wait()
         finally:
@@ -163,7 +172,7 @@ def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path) -> None:
     threads: list[threading.Thread] = []
     try:
         threads = hammer(daemon, 0, stop, ledger)
-        time.sleep(0.8)
+        wait_for_writes(ledger, 30)
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.wait() == 0, "\n".join(daemon.log)
     finally:
