@@ -137,10 +137,24 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
 
     writer = threading.Thread(target=slow_add)
     writer.start()
-    time.sleep(0.3)  # let the call reach the database
+    # Wait until the server has the call in hand (it then waits on the lock).
+    registry = running.sidecar.metrics.registry
+    labels = {
+        "grpc_type": "unary",
+        "grpc_service": "memory.v1.MemoryService",
+        "grpc_method": "AddMemory",
+    }
+    deadline = time.monotonic() + 10
+    while not registry.get_sample_value("grpc_server_started_total", labels):
+        assert time.monotonic() < deadline, "the AddMemory call never reached the server"
+        time.sleep(0.01)
     stopper = threading.Thread(target=running.sidecar.stop)
     stopper.start()
-    time.sleep(0.3)
+    while running.sidecar.health.Check(health_pb2.HealthCheckRequest(), None).status != (
+        NOT_SERVING
+    ):
+        time.sleep(0.01)
+    time.sleep(0.2)  # stop() goes straight on to refusing new calls
 
     assert health_status(running.addresses.health) == NOT_SERVING
     late = grpc.insecure_channel(running.addresses.api)
