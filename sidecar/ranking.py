@@ -52,10 +52,12 @@ def term_weights(content: str) -> TermWeights:
 class Partition:
     """One owner's entries of one tier, as of one generation, with its index.
 
-    Per entry, in insertion order: the memory, its term weights, what the
-    content scanner found in it (or None) and its token count, all computed
-    once. `postings` maps a term to (entry indices, weights) arrays;
+    Per entry, in insertion order: the memory, what the content scanner
+    found in it (or None) and its token count, computed once. `postings`
+    maps a term to (entry indices, weights) arrays, indices ascending;
     `confidence`, `recency` and `seq` are per-entry arrays for ranking.
+    Nothing per entry is kept beyond that: an entry's terms are recomputed
+    from its text when it changes.
     """
 
     tier: Tier
@@ -63,7 +65,6 @@ class Partition:
     generation: int
     memories: tuple[Memory, ...]
     usage: Usage
-    weights: tuple[TermWeights, ...] = field(repr=False)
     findings: tuple[str | None, ...] = field(repr=False)
     tokens: tuple[int, ...] = field(repr=False)
     postings: dict[str, tuple[IntArray, FloatArray]] = field(repr=False)
@@ -85,32 +86,9 @@ class Partition:
         scan: Callable[[Memory], str | None] = lambda m: None,
         count_tokens: Callable[[str], int] = lambda text: len(text) // 4,
     ) -> Partition:
-        return cls._assemble(
-            tier,
-            owner,
-            generation,
-            tuple(memories),
-            usage,
-            tuple(term_weights(m.content) for m in memories),
-            tuple(scan(m) for m in memories),
-            tuple(count_tokens(m.content) for m in memories),
-        )
-
-    @classmethod
-    def _assemble(
-        cls,
-        tier: Tier,
-        owner: str,
-        generation: int,
-        memories: tuple[Memory, ...],
-        usage: Usage,
-        weights: tuple[TermWeights, ...],
-        findings: tuple[str | None, ...],
-        tokens: tuple[int, ...],
-    ) -> Partition:
         lists: dict[str, tuple[list[int], list[float]]] = {}
-        for index, entry in enumerate(weights):
-            for term, weight in entry:
+        for index, memory in enumerate(memories):
+            for term, weight in term_weights(memory.content):
                 indices, values = lists.setdefault(term, ([], []))
                 indices.append(index)
                 values.append(weight)
@@ -118,15 +96,15 @@ class Partition:
             term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
             for term, (indices, values) in lists.items()
         }
+        findings = tuple(scan(m) for m in memories)
         return cls(
             tier,
             owner,
             generation,
-            memories,
+            tuple(memories),
             usage,
-            weights,
             findings,
-            tokens,
+            tuple(count_tokens(m.content) for m in memories),
             postings,
             np.array([m.confidence for m in memories], dtype=np.float64),
             np.array([m.updated_at.timestamp() for m in memories], dtype=np.float64),
@@ -145,11 +123,10 @@ class Partition:
     ) -> Partition:
         """This partition with one more entry, the newest (appended)."""
         index = len(self.memories)
-        entry = term_weights(memory.content)
         # Copy on write: only the touched terms' postings are new arrays;
         # readers of this partition keep seeing it unchanged.
         postings = dict(self.postings)
-        for term, weight in entry:
+        for term, weight in term_weights(memory.content):
             indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
             postings[term] = (np.append(indices, index), np.append(values, weight))
         finding = scan(memory)
@@ -159,7 +136,6 @@ class Partition:
             generation,
             (*self.memories, memory),
             usage,
-            (*self.weights, entry),
             (*self.findings, finding),
             (*self.tokens, count_tokens(memory.content)),
             postings,
@@ -179,31 +155,60 @@ class Partition:
         scan: Callable[[Memory], str | None],
         count_tokens: Callable[[str], int],
     ) -> Partition:
-        """This partition with one entry replaced (or removed, with None).
+        """This partition with one entry replaced in place (or removed, with None).
 
-        Re-indexes from the entries' cached weights: no other entry is
-        tokenised again.
+        Only the old and new entry are tokenised; the other entries' postings
+        are untouched, except that a removal shifts the indices after it.
         """
         position = next(i for i, m in enumerate(self.memories) if m.id == memory_id)
-        memories, weights = list(self.memories), list(self.weights)
-        findings, tokens = list(self.findings), list(self.tokens)
+        old = self.memories[position]
+        postings = dict(self.postings)
+        for term, _weight in term_weights(old.content):
+            indices, values = postings[term]
+            keep = indices != position
+            if keep.any():
+                postings[term] = (indices[keep], values[keep])
+            else:
+                del postings[term]
+        memories, findings, tokens = list(self.memories), list(self.findings), list(self.tokens)
+        flagged = {k: v for k, v in self.flagged.items() if k != memory_id}
         if replacement is None:
-            for column in (memories, weights, findings, tokens):
+            for column in (memories, findings, tokens):
                 del column[position]
+            postings = {
+                term: (np.where(indices > position, indices - 1, indices), values)
+                for term, (indices, values) in postings.items()
+            }
+            confidence = np.delete(self.confidence, position)
+            recency = np.delete(self.recency, position)
+            seq = np.delete(self.seq, position)
         else:
+            for term, weight in term_weights(replacement.content):
+                indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
+                at = int(np.searchsorted(indices, position))
+                postings[term] = (np.insert(indices, at, position), np.insert(values, at, weight))
+            finding = scan(replacement)
             memories[position] = replacement
-            weights[position] = term_weights(replacement.content)
-            findings[position] = scan(replacement)
+            findings[position] = finding
             tokens[position] = count_tokens(replacement.content)
-        return Partition._assemble(
+            if finding:
+                flagged[replacement.id] = finding
+            confidence, recency, seq = self.confidence.copy(), self.recency.copy(), self.seq
+            confidence[position] = replacement.confidence
+            recency[position] = replacement.updated_at.timestamp()
+        return Partition(
             self.tier,
             self.owner,
             generation,
             tuple(memories),
             usage,
-            tuple(weights),
             tuple(findings),
             tuple(tokens),
+            postings,
+            confidence,
+            recency,
+            seq,
+            flagged,
         )
 
     def by_confidence(self) -> IntArray:
