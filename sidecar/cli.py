@@ -233,12 +233,10 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
     finally:
         store.close()
     limit = settings.memory_char_limit
+    budget = f"/{limit:,} chars" if limit else " chars, unlimited"
     print(
         f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
-        f"{args.agent_id!r} ({usage.used_chars:,}/{limit:,} chars)"
-        if limit
-        else f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
-        f"{args.agent_id!r} ({usage.used_chars:,} chars, unlimited)"
+        f"{args.agent_id!r} ({usage.used_chars:,}{budget})"
     )
     if report.skipped:
         print(f"not imported ({len(report.skipped)}):")

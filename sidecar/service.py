@@ -52,10 +52,6 @@ def read_tiers(value: int) -> tuple[Tier, ...]:
     return (_PB_TO_TIER[number],) if number in _PB_TO_TIER else tuple(Tier)
 
 
-def scope_of(message: pb.Scope) -> Scope:
-    return Scope(agent_id=message.agent_id, user_id=message.user_id)
-
-
 def _timestamp(moment: Any) -> Timestamp:
     stamp = Timestamp()
     stamp.FromDatetime(moment)
