@@ -11,26 +11,41 @@ V = TypeVar("V")
 
 
 class Generations:
-    """Per-partition write counters, drawn from one global sequence.
+    """The newest generation known of each partition this process uses.
 
-    Because every new value is larger than every value before it, a view
-    built at generation g (the largest of its partitions') is stale exactly
-    when one of its partitions has moved on.
+    Generations come from the database: one sequence for all partitions, so a
+    newer write always has a larger number. A cached partition is current
+    while its generation is at least the newest known. This process learns
+    of new generations from its own writes and loads (`observe`) and from
+    the change feed (`observe_remote`), which only updates partitions already
+    tracked: one nobody here has loaded has nothing cached to invalidate.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counter = 0
         self._of: dict[object, int] = {}
 
     def current(self, key: object) -> int:
         return self._of.get(key, 0)
 
-    def advance(self, key: object) -> int:
+    def track(self, key: object) -> None:
+        """Start following a partition (before reading it from the database)."""
         with self._lock:
-            self._counter += 1
-            self._of[key] = self._counter
-            return self._counter
+            self._of.setdefault(key, 0)
+
+    def observe(self, key: object, generation: int) -> None:
+        with self._lock:
+            if generation > self._of.get(key, 0):
+                self._of[key] = generation
+
+    def observe_remote(self, key: object, generation: int) -> bool:
+        """Note a generation heard from the feed; whether it made news."""
+        with self._lock:
+            known = self._of.get(key)
+            if known is None or generation <= known:
+                return False
+            self._of[key] = generation
+            return True
 
 
 class LRU(Generic[K, V]):

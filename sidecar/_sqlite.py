@@ -1,22 +1,23 @@
 """Everything SQLite-specific, in one place: connection set-up, schema DDL,
-online backups, and which driver errors mean what.
+online backups, the change poller, and which driver errors mean what.
 
-A PostgreSQL backend (issue: many replicas) adds a sibling module with the
-same things: `open_database`, `write_transaction`, `MIGRATIONS`, `backup`,
-`ErrorGuard`. The store's queries themselves come from Peewee's query
-builder and are portable.
+The sibling for PostgreSQL is sidecar._postgres; both implement
+sidecar._backend.Backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import peewee
 from playhouse.pool import PooledSqliteDatabase
 
+from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
 from sidecar.errors import StoreError, Unavailable
 
@@ -87,13 +88,7 @@ def backup(
         target.close()
 
 
-def table_names(db: PooledSqliteDatabase) -> set[str]:
-    return set(db.get_tables())
-
-
 # --- schema ---------------------------------------------------------------
-
-SCHEMA_TABLE = "schema_version"
 
 
 def _v1_tierless(db: PooledSqliteDatabase) -> None:
@@ -177,15 +172,38 @@ def _v3_idempotency(db: PooledSqliteDatabase) -> None:
     db.execute_sql("CREATE INDEX idx_idempotency_created ON idempotency_keys (created_at)")
 
 
+def _v4_tier_state(db: PooledSqliteDatabase) -> None:
+    """Schema 4: a state row per partition (owner and tier), kept by every write.
+
+    Budget checks read it instead of summing the partition, and its
+    generation tells other processes which partitions changed.
+    """
+    db.execute_sql(
+        f"CREATE TABLE {STATE_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " content_chars INTEGER NOT NULL,"
+        " entry_count INTEGER NOT NULL,"
+        " generation INTEGER NOT NULL,"
+        " PRIMARY KEY (owner, tier))"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{STATE_TABLE}_generation ON {STATE_TABLE} (generation)")
+    db.execute_sql(
+        f"INSERT INTO {STATE_TABLE} (owner, tier, content_chars, entry_count, generation)"
+        " SELECT owner, tier, SUM(content_chars), COUNT(*), 0 FROM memories GROUP BY owner, tier"
+    )
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
 # (version, what it does, how). Append only: a released step never changes.
-MIGRATIONS: list[tuple[int, str, Callable[[PooledSqliteDatabase], None]]] = [
+MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (1, "tier-less agent notes", _v1_tierless),
     (2, "two tiers, owners, confidence", _v2_tiers),
     (3, "idempotency keys", _v3_idempotency),
+    (4, "a state row per partition", _v4_tier_state),
 ]
 
 
@@ -212,3 +230,139 @@ class ErrorGuard:
             "file is not a database" in str(exc)
         ):
             raise StoreError(f"{self.path} is not an SQLite database") from exc
+
+
+class SqliteBackend(Backend):
+    """One SQLite file in WAL mode."""
+
+    name = "sqlite"
+    migrations = MIGRATIONS
+
+    # Every write holds SQLite's one write lock (BEGIN IMMEDIATE), so the
+    # state row needs no lock of its own, and a generation drawn as the
+    # largest so far plus one is unique and grows in commit order.
+    _lock_sql = (
+        f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+        " WHERE owner = ? AND tier = ?"
+    )
+    _create_sql = (
+        f"INSERT OR IGNORE INTO {STATE_TABLE}"
+        " (owner, tier, content_chars, entry_count, generation) VALUES (?, ?, 0, 0, 0)"
+    )
+    _advance_sql = (
+        f"UPDATE {STATE_TABLE} SET content_chars = ?, entry_count = ?,"
+        f" generation = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1"
+        " WHERE owner = ? AND tier = ? RETURNING generation"
+    )
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "normal",
+        busy_timeout_ms: int = 5000,
+        max_connections: int = 64,
+    ) -> None:
+        self.location = path
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self.db = open_database(
+            path,
+            synchronous=synchronous,
+            busy_timeout_ms=busy_timeout_ms,
+            max_connections=max_connections,
+        )
+
+    def write_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        transaction: contextlib.AbstractContextManager[Any] = write_transaction(self.db)
+        return transaction
+
+    def read_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        # A deferred transaction reads one snapshot from its first read on.
+        snapshot: contextlib.AbstractContextManager[Any] = self.db.atomic()
+        return snapshot
+
+    def migration_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        return self.write_transaction()
+
+    def guard(self) -> contextlib.AbstractContextManager[None]:
+        return ErrorGuard(self.path)
+
+    def table_names(self) -> set[str]:
+        return set(self.db.get_tables())
+
+    def integrity_check(self) -> str:
+        return str(self.db.execute_sql("PRAGMA integrity_check").fetchone()[0])
+
+    def connection_settings(self) -> dict[str, int | str]:
+        return {
+            name: self.db.execute_sql(f"PRAGMA {name}").fetchone()[0]
+            for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+        }
+
+    def backup(self, destination: str, progress: Callable[[int, int], None]) -> None:
+        backup(self.db, destination, progress)
+
+    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
+        return DataVersionPoller(
+            self.path,
+            on_change,
+            interval=settings.poll_seconds,
+            busy_timeout_ms=self._busy_timeout_ms,
+        )
+
+
+class DataVersionPoller(ChangeFeed):
+    """Polls `PRAGMA data_version` on a connection of its own.
+
+    data_version changes whenever another connection (of this process or
+    any other) commits, and costs no I/O when nothing did. Generations grow
+    in commit order (writes hold the one write lock), so "rows whose
+    generation passed the watermark" is exactly what changed since.
+    """
+
+    def __init__(
+        self, path: str, on_change: OnChange, *, interval: float, busy_timeout_ms: int
+    ) -> None:
+        # Unverified after a few missed polls, however short the interval:
+        # a busy machine may delay a cycle, and each costs a query per call.
+        super().__init__(on_change, interval=interval, stale_after=max(1.0, 10 * interval))
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._connection: sqlite3.Connection | None = None
+        self._version: int | None = None
+        self._watermark: int | None = None
+
+    def _cycle(self) -> None:
+        if self._connection is None:
+            self._connection = sqlite3.connect(self._path, check_same_thread=False)
+            self._connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            self.connects += 1
+        version = self._connection.execute("PRAGMA data_version").fetchone()[0]
+        if version == self._version:
+            return
+        self._version = version
+        for owner, tier, generation in self._changed():
+            self._deliver(owner, tier, generation)
+
+    def _changed(self) -> Iterator[tuple[str, str, int]]:
+        assert self._connection is not None
+        if self._watermark is None:
+            # First contact: nothing is cached yet, only the watermark matters.
+            row = self._connection.execute(f"SELECT MAX(generation) FROM {STATE_TABLE}").fetchone()
+            self._watermark = int(row[0] or 0)
+            return
+        rows = self._connection.execute(
+            f"SELECT owner, tier, generation FROM {STATE_TABLE} WHERE generation > ?"
+            " ORDER BY generation",
+            (self._watermark,),
+        ).fetchall()
+        for owner, tier, generation in rows:
+            self._watermark = max(self._watermark, int(generation))
+            yield owner, tier, int(generation)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+            self._version = None

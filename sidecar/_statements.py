@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from peewee import fn
-
 
 class Record(NamedTuple):
     """A `memories` row as the hot paths read it (same names as the store's model fields)."""
@@ -60,10 +58,6 @@ class Statements:
             .order_by(Row.seq)
             .limit(1),
             {**marks, "digest": "\x00digest", "content": "\x00content"},
-        )
-        self.usage = Template(
-            Row.select(fn.COALESCE(fn.SUM(Row.content_chars), 0), fn.COUNT(Row.seq)).where(scope),
-            marks,
         )
         self.partition = Template(Row.select(*columns).where(scope).order_by(Row.seq), marks)
         self.by_id = Template(

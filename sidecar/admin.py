@@ -252,7 +252,7 @@ class Online:
             )
         finally:
             if not self.args.session:
-                self.call("EndSession", pb.EndSessionRequest(session_id=session))
+                self.call("EndSession", pb.EndSessionRequest(session_id=session, scope=self.scope))
         if self.args.json:
             emit_json(_as_dict(turn), self.out)
             return 0

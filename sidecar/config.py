@@ -79,7 +79,16 @@ class AgentSettings:
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
+    # An SQLite file, or a postgresql:// DSN (no password in it: see below).
     db: str = "var/memory.db"
+    # A file holding the PostgreSQL password (a mounted Secret). The
+    # environment variable MEMORY_SIDECAR_DB_PASSWORD may give it instead.
+    db_password_file: str = ""
+    # How often the SQLite change poller looks for other processes' writes.
+    change_poll_ms: int = 25
+    # How often the PostgreSQL listener proves its connection alive; three
+    # silent heartbeats and caches are checked against the database.
+    change_heartbeat_ms: int = 1000
     listen: str = "127.0.0.1:50051"
     health_listen: str = ""
     metrics_listen: str = ""
@@ -104,6 +113,9 @@ class ServerSettings:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    # Resolved from db_password_file or MEMORY_SIDECAR_DB_PASSWORD; never read
+    # from the file or flags, never printed.
+    db_password: str = field(default="", repr=False)
 
     def limits(self) -> Limits:
         return Limits(
@@ -187,6 +199,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     ),
     "log_level": _one_of("debug", "info", "warning", "error"),
     "db": lambda v: None if v else "must not be empty",
+    "change_poll_ms": _between(1, 10_000),
+    "change_heartbeat_ms": _between(50, 60_000),
 }
 
 
@@ -238,7 +252,8 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 _AGENT_KEYS = {k: v for k, v in _field_types(AgentSettings).items() if k != "keyword_llm_api_key"}
-_SERVER_KEYS = _field_types(ServerSettings)
+_SERVER_KEYS = {k: v for k, v in _field_types(ServerSettings).items() if k != "db_password"}
+PASSWORD_ENV = f"{ENV_PREFIX}DB_PASSWORD"
 
 
 def _check_one(path: str, key: str, kind: Any, value: Any, *, from_text: bool) -> Any:
@@ -282,6 +297,37 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _is_dsn(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def _with_password(server: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
+    """The PostgreSQL password, from its file or the environment (never both)."""
+    from_env = environ.get(PASSWORD_ENV, "")
+    if not server.db_password_file and not from_env:
+        return server
+    if not _is_dsn(server.db):
+        key = "server.db_password_file" if server.db_password_file else PASSWORD_ENV
+        raise ConfigError(key, "a database password needs server.db to be a postgresql:// DSN")
+    if server.db_password_file and from_env:
+        raise ConfigError(
+            "server.db_password_file", f"give the password in the file or in {PASSWORD_ENV}"
+        )
+    password = from_env
+    if server.db_password_file:
+        try:
+            text = Path(server.db_password_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                "server.db_password_file", f"cannot read {server.db_password_file}: {exc.strerror}"
+            ) from None
+        # A Secret written with `echo` ends in a newline that is not part of it.
+        password = text.rstrip("\r\n")
+        if not password:
+            raise ConfigError("server.db_password_file", f"{server.db_password_file} is empty")
+    return dataclasses.replace(server, db_password=password)
 
 
 def _finish_server(server: ServerSettings) -> ServerSettings:
@@ -373,7 +419,7 @@ def load(
             prefix, dataclasses.replace(default_settings, **values), environ
         )
     return Config(
-        server=_finish_server(ServerSettings(**server)),
+        server=_finish_server(_with_password(ServerSettings(**server), environ)),
         defaults=default_settings,
         agents=MappingProxyType(agents),
     )

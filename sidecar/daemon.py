@@ -12,7 +12,7 @@ from types import FrameType
 from sidecar.config import Config
 from sidecar.metrics import Metrics
 from sidecar.server import Sidecar
-from sidecar.store import Store
+from sidecar.store import Store, is_dsn
 
 log = logging.getLogger("sidecar")
 
@@ -27,9 +27,11 @@ def setup_logging(level: str) -> None:
 
 def open_store(config: Config, metrics: Metrics | None = None) -> Store:
     server = config.server
-    Path(server.db).parent.mkdir(parents=True, exist_ok=True)
+    if not is_dsn(server.db):
+        Path(server.db).parent.mkdir(parents=True, exist_ok=True)
     return Store(
         server.db,
+        password=server.db_password,
         synchronous=server.durability,
         busy_timeout_ms=server.busy_timeout_ms,
         # One connection per RPC worker, and a few for start-up and tools.
@@ -65,7 +67,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         addresses.api,
         addresses.health or "-",
         addresses.metrics or "-",
-        config.server.db,
+        store.path,
         version,
     )
     stop.wait()

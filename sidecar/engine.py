@@ -2,8 +2,11 @@
 
 Caches, from the bottom up:
 
-- `Generations`: a counter per partition (one tier of one owner), advanced by
-  every write after it commits and before it is acknowledged.
+- `Generations`: the newest known generation of each partition (one tier of
+  one owner). Generations live in the database (sidecar._backend); this
+  process learns them from its own writes, after the commit and before the
+  acknowledgement, and from the change feed (sidecar.changes) for writes
+  made by other processes: other replicas, `import`, `import-cagent`.
 - Partitions: a partition's entries and keyword index as of one generation,
   kept in a bounded LRU and shared by every search, view and session.
 - Views: a scope's snapshot (the rendered frozen block and the partitions it
@@ -11,7 +14,9 @@ Caches, from the bottom up:
   only while some session holds it.
 - Sessions (sidecar.sessions): which view each runtime session is using.
 
-A cached turn reads only these, so it runs no database query at all.
+A cached turn reads only these, so it runs no database query at all. While
+the change feed is unverified (its listener lost, its poller failing), every
+call first reads the generations of the partitions it uses from the database.
 
 Locks, outermost first: a view stripe, then a partition stripe, then the
 short-lived dictionary locks inside Generations, _LRU and SessionTable.
@@ -34,6 +39,7 @@ from typing import Any
 
 from sidecar import blocks, scanner
 from sidecar._caches import LRU, Generations
+from sidecar.changes import ChangeFeed
 from sidecar.config import AgentSettings, Config
 from sidecar.errors import BudgetExceeded, InvalidArgument
 from sidecar.keywords import keywords
@@ -42,7 +48,7 @@ from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, Weights, rank
 from sidecar.sessions import Limits, SessionTable
-from sidecar.store import Store, Wanted
+from sidecar.store import Store, Wanted, Written
 from sidecar.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -123,6 +129,7 @@ class MemoryEngine:
         metrics: Metrics | None = None,
         tokens: TokenCounter | None = None,
         now: Callable[[], float] = time.monotonic,
+        changes: bool = False,
     ) -> None:
         self._config = config
         self._store = store
@@ -130,6 +137,15 @@ class MemoryEngine:
         self.tokens = tokens or TokenCounter()
         self._now = now
         self._generations = Generations()
+        # Without a feed this engine assumes it is the database's only writer.
+        self.feed: ChangeFeed | None = None
+        if changes:
+            self.feed = store.change_feed(
+                self._heard,
+                poll_seconds=config.server.change_poll_ms / 1000,
+                heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
+            )
+            self._metrics.watch_feed(self.feed)
         self._partitions: LRU[PartitionKey, Partition] = LRU(config.server.partition_cache_size)
         self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
             weakref.WeakValueDictionary()
@@ -141,6 +157,7 @@ class MemoryEngine:
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
         # Labelled children looked up once: a cached turn touches them every time.
+        self._remote_writes = self._metrics.snapshot_invalidations.labels("remote_write")
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")
         self._system_tokens = self._metrics.injected_tokens.labels("system")
@@ -173,22 +190,39 @@ class MemoryEngine:
             yield
 
     def _written(
-        self, key: PartitionKey, change: Callable[[Partition, int], Partition] | None
+        self, key: PartitionKey, written: Written, change: Callable[[Partition, int], Partition]
     ) -> None:
         """After the commit and before the acknowledgement (under _writing).
 
         A turn that starts after the client hears back never sees the old
-        snapshot as current. A cached partition that was current gets the
-        write applied to it; one that was already stale is left to reload.
+        snapshot as current. A cached partition that was exactly one write
+        behind gets the write applied to it; any other is left to reload.
         """
+        if written.generation == written.previous:
+            return
         cached = self._partitions.get(key)
-        fresh = cached is not None and cached.generation == self._generations.current(key)
-        generation = self._generations.advance(key)
-        if fresh and cached is not None and change is not None:
+        self._generations.observe(key, written.generation)
+        if cached is not None and cached.generation == written.previous:
             # StopIteration: the entry was not in the cached partition; it reloads.
             with contextlib.suppress(StopIteration):
-                self._partitions.put(key, change(cached, generation))
+                self._partitions.put(key, change(cached, written.generation))
         self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def _heard(self, owner: str, tier: str, generation: int) -> None:
+        """The change feed's news: some process wrote this partition."""
+        if self._generations.observe_remote((Tier(tier), owner), generation):
+            self._remote_writes.inc()
+
+    def _verify(self, keys: Iterable[PartitionKey]) -> None:
+        """Without a verified feed, learn the partitions' generations from the database."""
+        if self.feed is None or self.feed.verified:
+            return
+        for key, generation in self._store.generations(keys).items():
+            self._generations.track(key)
+            self._generations.observe(key, generation)
+
+    def _is_fresh(self, partition: Partition) -> bool:
+        return partition.generation >= self._generations.current((partition.tier, partition.owner))
 
     def _annotations(self) -> dict[str, Any]:
         return {"scan": _finding, "count_tokens": self.tokens.count}
@@ -239,7 +273,7 @@ class MemoryEngine:
         self._screen(settings, "category", category)
         key = (tier, scope.owner(tier))
         with self._writing([key]), self._counting_rejections():
-            memory, usage, created = self._store.add(
+            written = self._store.add(
                 scope,
                 tier,
                 content,
@@ -249,9 +283,11 @@ class MemoryEngine:
                 idempotency_key=idempotency_key,
                 still_wanted=still_wanted,
             )
-            if created:
-                self._written(key, lambda p, g: p.added(memory, g, usage, **self._annotations()))
-        return memory, usage, created
+            memory, usage = written.memory, written.usage
+            self._written(
+                key, written, lambda p, g: p.added(memory, g, usage, **self._annotations())
+            )
+        return memory, usage, written.created
 
     def update(
         self,
@@ -270,7 +306,7 @@ class MemoryEngine:
             self._screen(settings, "category", category)
         keys = [(tier, scope.owner(tier)) for tier in Tier]
         with self._writing(keys), self._counting_rejections():
-            memory, usage = self._store.update(
+            written = self._store.update(
                 scope,
                 memory_id,
                 settings.policies(),
@@ -279,8 +315,10 @@ class MemoryEngine:
                 confidence=confidence,
                 still_wanted=still_wanted,
             )
+            memory, usage = written.memory, written.usage
             self._written(
                 (memory.tier, scope.owner(memory.tier)),
+                written,
                 lambda p, g: p.changed(memory.id, memory, g, usage, **self._annotations()),
             )
         return memory, usage
@@ -290,9 +328,11 @@ class MemoryEngine:
     ) -> tuple[Memory, Usage]:
         keys = [(tier, scope.owner(tier)) for tier in Tier]
         with self._writing(keys):
-            memory, usage = self._store.delete(scope, memory_id, still_wanted=still_wanted)
+            written = self._store.delete(scope, memory_id, still_wanted=still_wanted)
+            memory, usage = written.memory, written.usage
             self._written(
                 (memory.tier, scope.owner(memory.tier)),
+                written,
                 lambda p, g: p.changed(memory.id, None, g, usage, **self._annotations()),
             )
         return memory, usage
@@ -314,7 +354,9 @@ class MemoryEngine:
         limit: int,
         match_all: bool = False,
     ) -> list[tuple[Memory, float]]:
-        partitions = [self._partition((tier, scope.owner(tier))) for tier in tiers]
+        keys = [(tier, scope.owner(tier)) for tier in tiers]
+        self._verify(keys)
+        partitions = [self._partition(key) for key in keys]
         hits = rank(
             partitions,
             keywords([query]),
@@ -328,26 +370,33 @@ class MemoryEngine:
     def _partition(self, key: PartitionKey, *, force: bool = False) -> Partition:
         """The partition as of its current generation, loaded at most once."""
         cached = self._partitions.get(key)
-        if cached is not None and not force and cached.generation == self._generations.current(key):
+        if cached is not None and not force and self._is_fresh(cached):
             return cached
         with self._stripe(key):
-            # Writes to this partition hold the same lock (see _writing), so
-            # the rows read here and the generation agree.
-            generation = self._generations.current(key)
+            # Writes of this process to this partition hold the same lock
+            # (see _writing); the rows and the generation come from one
+            # snapshot whoever else writes.
             cached = self._partitions.get(key)
-            if cached is not None and cached.generation == generation and not force:
+            if cached is not None and not force and self._is_fresh(cached):
                 return cached
-            memories, usage = self._store.tier_entries(*key)
+            # Tracked before the read: news of a write committed after the
+            # read is then kept, and marks what is loaded here stale.
+            self._generations.track(key)
+            loaded = self._store.tier_entries(*key)
+            self._generations.observe(key, loaded.generation)
             partition = Partition.build(
-                key[0], key[1], generation, memories, usage, **self._annotations()
+                key[0],
+                key[1],
+                loaded.generation,
+                loaded.memories,
+                loaded.usage,
+                **self._annotations(),
             )
             self._partitions.put(key, partition)
             return partition
 
     def _is_current(self, view: View) -> bool:
-        return all(
-            p.generation == self._generations.current((p.tier, p.owner)) for p in view.partitions
-        )
+        return all(self._is_fresh(p) for p in view.partitions)
 
     def _view(self, scope: Scope, settings: AgentSettings, *, force: bool) -> View:
         """The scope's current snapshot; built once however many callers ask."""
@@ -424,15 +473,13 @@ class MemoryEngine:
         max_tokens: int = 0,
     ) -> Injection:
         settings = self.settings(scope)
+        if self.feed is not None and not self.feed.verified:
+            self._verify([(tier, scope.owner(tier)) for tier in Tier])
         session = self._sessions.get(session_id, scope.agent_id, self._now())
         view = session.view
         frozen = settings.snapshot_refresh == "on_compaction"
         # Which of the view's partitions are still current, looked up once.
-        fresh = (
-            [p.generation == self._generations.current((p.tier, p.owner)) for p in view.partitions]
-            if view is not None
-            else []
-        )
+        fresh = [self._is_fresh(p) for p in view.partitions] if view is not None else []
         hit = view is not None and view.scope == scope and (frozen or all(fresh))
         if not hit:
             epoch, compacted = session.epoch, session.compacted
@@ -546,14 +593,14 @@ class MemoryEngine:
                 self._metrics.keyword_fallbacks.labels(exc.reason).inc()
         return keywords([*texts, *given])
 
-    def notify_compaction(self, session_id: str) -> bool:
-        invalidated = self._sessions.invalidate(session_id)
+    def notify_compaction(self, scope: Scope, session_id: str) -> bool:
+        invalidated = self._sessions.invalidate(session_id, scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
         return invalidated
 
-    def end_session(self, session_id: str) -> bool:
-        dropped = self._sessions.drop(session_id)
+    def end_session(self, scope: Scope, session_id: str) -> bool:
+        dropped = self._sessions.drop(session_id, scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
         return dropped

@@ -43,6 +43,11 @@ class NotFound(SidecarError):
     default_reason = "MEMORY_NOT_FOUND"
 
 
+class AlreadyExists(SidecarError):
+    code = "ALREADY_EXISTS"
+    default_reason = "ALREADY_EXISTS"
+
+
 class FailedPrecondition(SidecarError):
     code = "FAILED_PRECONDITION"
     default_reason = "FAILED_PRECONDITION"

@@ -6,6 +6,9 @@ memory id.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -15,6 +18,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sidecar import __version__
 
@@ -44,6 +49,26 @@ _LATENCY_BUCKETS = (
     5.0,
     10.0,
 )
+
+
+class _FeedCollector(Collector):
+    """The change feed's own counters, read when scraped."""
+
+    def __init__(self) -> None:
+        self.feed: Any = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        feed = self.feed
+        yield CounterMetricFamily(
+            "memory_change_feed_connects",
+            "Times the change feed (re)connected to the database.",
+            value=feed.connects if feed is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "memory_change_feed_failures",
+            "Change feed cycles that failed (a lost listener, a failed poll).",
+            value=feed.failures if feed is not None else 0,
+        )
 
 
 class Metrics:
@@ -132,8 +157,21 @@ class Metrics:
         # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
         for result in ("hit", "miss"):
             self.snapshot_lookups.labels(result)
-        for reason in ("write", "compaction", "session_end", "evicted"):
+        for reason in ("write", "remote_write", "compaction", "session_end", "evicted"):
             self.snapshot_invalidations.labels(reason)
+        self.feed_verified = Gauge(
+            "memory_change_feed_verified",
+            "1 while the feed of other processes' writes is known to be live; "
+            "0 while calls check the database instead of trusting caches.",
+            registry=r,
+        )
+        self._feed = _FeedCollector()
+        r.register(self._feed)
+
+    def watch_feed(self, feed: Any) -> None:
+        """Export a change feed's state (sidecar.changes.ChangeFeed)."""
+        self.feed_verified.set_function(lambda: 1.0 if feed.verified else 0.0)
+        self._feed.feed = feed
 
     def db_query(self, sql: str, seconds: float) -> None:
         head = sql.lstrip().split(None, 1)

@@ -119,7 +119,7 @@ class Sidecar:
         self.config = config
         self.store = store
         self.metrics = metrics or Metrics()
-        self.engine = engine or MemoryEngine(config, store, metrics=self.metrics)
+        self.engine = engine or MemoryEngine(config, store, metrics=self.metrics, changes=True)
         self.health = health.HealthServicer()
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
@@ -200,6 +200,13 @@ class Sidecar:
         except BindError:
             self._close_listeners()
             raise
+        if self.engine.feed is not None:
+            try:
+                # Hear other processes' writes before serving anything cached.
+                self.engine.feed.start()
+            except Exception:
+                self._close_listeners()
+                raise
         self._api.start()
         if server.listen.startswith("unix:"):
             # Only this user may connect: the socket is the API's front door.
@@ -225,6 +232,8 @@ class Sidecar:
         self.health.enter_graceful_shutdown()
         grace = self.config.server.grace_seconds if grace is None else grace
         self._api.stop(grace).wait()
+        if self.engine.feed is not None:
+            self.engine.feed.stop()
         self._close_listeners()
 
     def _close_listeners(self) -> None:

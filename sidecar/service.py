@@ -292,9 +292,13 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def NotifyCompaction(
         self, request: pb.NotifyCompactionRequest, context: Any
     ) -> pb.NotifyCompactionResponse:
+        scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        return pb.NotifyCompactionResponse(invalidated=self._engine.notify_compaction(session_id))
+        return pb.NotifyCompactionResponse(
+            invalidated=self._engine.notify_compaction(scope, session_id)
+        )
 
     def EndSession(self, request: pb.EndSessionRequest, context: Any) -> pb.EndSessionResponse:
+        scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        return pb.EndSessionResponse(dropped=self._engine.end_session(session_id))
+        return pb.EndSessionResponse(dropped=self._engine.end_session(scope, session_id))

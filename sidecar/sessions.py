@@ -39,10 +39,12 @@ class Limits:
 
 
 class SessionTable(Generic[V]):
-    """session_id -> Session, kept in least-recently-used order per agent.
+    """(agent_id, session_id) -> Session, in least-recently-used order per agent.
 
-    `limits(agent_id)` gives each agent's TTL and cap; `on_evict(count)` is
-    told how many sessions eviction removed.
+    Session ids are per agent: two agents that both call their session
+    "default" hold two sessions, and neither can invalidate, end or take
+    over the other's. `limits(agent_id)` gives each agent's TTL and cap;
+    `on_evict(count)` is told how many sessions eviction removed.
     """
 
     def __init__(
@@ -54,27 +56,20 @@ class SessionTable(Generic[V]):
         self._on_evict = on_evict
         self._lock = threading.Lock()
         self._agents: dict[str, OrderedDict[str, Session[V]]] = {}
-        self._agent_of: dict[str, str] = {}
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._agent_of)
+        return self._count
 
     def get(self, session_id: str, agent_id: str, now: float) -> Session[V]:
-        """The session, marked as used now; a new one if unknown or re-scoped.
-
-        A session_id seen again under another agent starts afresh: snapshots
-        never cross scopes.
-        """
+        """The agent's session, marked as used now; a new one if unknown."""
         with self._lock:
-            previous = self._agent_of.get(session_id)
-            if previous is not None and previous != agent_id:
-                self._pop(session_id)
             sessions = self._agents.setdefault(agent_id, OrderedDict())
             session = sessions.get(session_id)
             if session is None:
                 session = Session(agent_id, None, now)
                 sessions[session_id] = session
-                self._agent_of[session_id] = agent_id
+                self._count += 1
             else:
                 session.last_used = now
                 sessions.move_to_end(session_id)
@@ -88,13 +83,13 @@ class SessionTable(Generic[V]):
             self._on_evict(evicted)
         return session
 
-    def invalidate(self, session_id: str) -> bool:
+    def invalidate(self, session_id: str, agent_id: str) -> bool:
         """Forget a session's snapshot (it is rebuilt on its next turn)."""
         with self._lock:
-            agent_id = self._agent_of.get(session_id)
-            if agent_id is None:
+            sessions = self._agents.get(agent_id)
+            session = sessions.get(session_id) if sessions is not None else None
+            if session is None:
                 return False
-            session = self._agents[agent_id][session_id]
             had_view = session.view is not None
             session.view = None
             session.compacted = True
@@ -111,10 +106,16 @@ class SessionTable(Generic[V]):
             session.compacted = False
             return True
 
-    def drop(self, session_id: str) -> bool:
-        """End a session; the same id later starts afresh."""
+    def drop(self, session_id: str, agent_id: str) -> bool:
+        """End an agent's session; the same id later starts afresh."""
         with self._lock:
-            return self._pop(session_id)
+            sessions = self._agents.get(agent_id)
+            if sessions is None or sessions.pop(session_id, None) is None:
+                return False
+            self._count -= 1
+            if not sessions:
+                del self._agents[agent_id]
+            return True
 
     def evict_idle(self, now: float) -> int:
         """Evict every session idle past its agent's TTL or over its cap."""
@@ -125,16 +126,6 @@ class SessionTable(Generic[V]):
         return evicted
 
     # --- under the lock -----------------------------------------------------
-
-    def _pop(self, session_id: str) -> bool:
-        agent_id = self._agent_of.pop(session_id, None)
-        if agent_id is None:
-            return False
-        sessions = self._agents[agent_id]
-        del sessions[session_id]
-        if not sessions:
-            del self._agents[agent_id]
-        return True
 
     def _evict_agent(self, agent_id: str, now: float, keep: str | None = None) -> int:
         sessions = self._agents.get(agent_id)
@@ -151,8 +142,8 @@ class SessionTable(Generic[V]):
             if not idle and len(sessions) <= limits.max_sessions:
                 break
             del sessions[session_id]
-            del self._agent_of[session_id]
             evicted += 1
+        self._count -= evicted
         if not sessions:
             del self._agents[agent_id]
         return evicted

@@ -1,26 +1,32 @@
-"""The store: with its private helpers (_sqlite, _statements), the only code that touches Peewee.
+"""The store: with its private helpers (_backend, _sqlite, _postgres,
+_statements), the only code that touches Peewee.
 
 Every public method opens a pooled connection for its own duration, so the
-store is safe to call from any thread. Writes that read before they write
-(budget checks, de-duplication) run in one BEGIN IMMEDIATE transaction, so
-concurrent writers can never push a tier over its budget together.
+store is safe to call from any thread. Every write locks its partition's
+state row (see sidecar._backend), checks the budget and duplicates against
+it, and advances it in the same transaction, so concurrent writers, in this
+process or any other, can never push a tier over its budget together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import peewee
 from peewee import fn
 
 from sidecar import _sqlite
+from sidecar._backend import SCHEMA_TABLE, Backend, FeedSettings, PartitionState
 from sidecar._statements import Record, Statements, Template
+from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import Clock, from_micros, system_clock, to_micros
 from sidecar.errors import (
+    AlreadyExists,
     BudgetExceeded,
     CallerGone,
     FailedPrecondition,
@@ -61,6 +67,34 @@ class LegacyEntry:
     content: str
     category: str
     created_at_micros: int
+
+
+class Written(NamedTuple):
+    """What a write did: the entry, the tier's usage after, and the generations
+    of its partition before and after (equal when nothing changed)."""
+
+    memory: Memory
+    usage: Usage
+    created: bool
+    previous: int
+    generation: int
+
+
+class Loaded(NamedTuple):
+    """One partition as of one generation."""
+
+    memories: list[Memory]
+    usage: Usage
+    generation: int
+
+
+def is_dsn(db: str) -> bool:
+    """Whether `server.db` names a PostgreSQL database rather than an SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def _usage_of(state: PartitionState) -> Usage:
+    return Usage(rendered_chars(state.content_chars, state.entry_count), state.entry_count)
 
 
 @dataclass(slots=True)
@@ -124,31 +158,48 @@ def _to_memory(row: _Row | Record) -> Memory:
 
 
 class Store:
-    """Tiered memories in one SQLite file.
+    """Tiered memories in one SQLite file or one PostgreSQL database.
+
+    `db` is a file path, or a postgresql:// DSN (the password, if any, is
+    given apart so that it never appears where the DSN is shown).
 
     >>> store = Store("memory.db"); store.open()
-    >>> memory, usage, created = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0,
-    ...                                    TierPolicy(2200))
+    >>> written = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0, TierPolicy(2200))
     """
 
     def __init__(
         self,
-        path: str,
+        db: str,
         *,
+        password: str = "",
         synchronous: str = "normal",
         busy_timeout_ms: int = 5000,
         max_connections: int = 64,
         clock: Clock = system_clock,
         on_query: Callable[[str, float], None] | None = None,
     ) -> None:
-        self.path = path
         self._clock = clock
-        self._db = _sqlite.open_database(
-            path,
-            synchronous=synchronous,
-            busy_timeout_ms=busy_timeout_ms,
-            max_connections=max_connections,
-        )
+        self._backend: Backend
+        if is_dsn(db):
+            from sidecar._postgres import PostgresBackend  # needs the postgres extra
+
+            self._backend = PostgresBackend(
+                db,
+                password=password,
+                busy_timeout_ms=busy_timeout_ms,
+                max_connections=max_connections,
+            )
+        else:
+            self._backend = _sqlite.SqliteBackend(
+                db,
+                synchronous=synchronous,
+                busy_timeout_ms=busy_timeout_ms,
+                max_connections=max_connections,
+            )
+        # Where the data lives, for logs and messages (a DSN without password).
+        self.path = self._backend.location
+        self.backend = self._backend.name
+        self._db = self._backend.db
         self._rows = _bind(_Row, self._db, "memories")
         self._keys = _bind(_Key, self._db, "idempotency_keys")
         self._sql = Statements(self._rows)
@@ -173,21 +224,32 @@ class Store:
 
     def integrity_check(self) -> str:
         with self._guard(), self._db.connection_context():
-            row = self._db.execute_sql("PRAGMA integrity_check").fetchone()
-            return str(row[0])
+            return self._backend.integrity_check()
 
     def connection_settings(self) -> dict[str, int | str]:
-        """The SQLite settings of the connection this thread is handed."""
+        """The settings of the connection this thread is handed."""
         with self._guard(), self._db.connection_context():
-            return {
-                name: self._db.execute_sql(f"PRAGMA {name}").fetchone()[0]
-                for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
-            }
+            return self._backend.connection_settings()
 
     def backup(self, destination: str, progress: Callable[[int, int], None]) -> None:
         """A consistent copy of the whole database, safe while others write."""
         with self._guard(), self._db.connection_context():
-            _sqlite.backup(self._db, destination, progress)
+            self._backend.backup(destination, progress)
+
+    def change_feed(
+        self, on_change: OnChange, *, poll_seconds: float, heartbeat_seconds: float
+    ) -> ChangeFeed:
+        """A feed of the partitions other processes write (not started)."""
+        return self._backend.change_feed(
+            on_change, FeedSettings(poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds)
+        )
+
+    def generations(self, keys: Iterable[tuple[Tier, str]]) -> dict[tuple[Tier, str], int]:
+        """The current generation of each (tier, owner) partition that was ever written."""
+        wanted = {(owner, tier.value): (tier, owner) for tier, owner in keys}
+        with self._guard(), self._db.connection_context():
+            states = self._backend.states(wanted)
+        return {wanted[key]: state.generation for key, state in states.items()}
 
     def counts(self) -> dict[tuple[Tier, str], int]:
         """Entries per (tier, owner)."""
@@ -203,7 +265,7 @@ class Store:
     def dump(self) -> Iterator[tuple[str, Memory]]:
         """Every entry as (owner, memory), in insertion order, read in one snapshot."""
         Row = self._rows
-        with self._guard(), self._db.connection_context(), self._db.atomic():
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             for row in Row.select().order_by(Row.seq).iterator():
                 yield row.owner, _to_memory(row)
 
@@ -216,11 +278,20 @@ class Store:
         """
         Row = self._rows
         inserted, present = 0, []
-        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+        states: dict[tuple[str, Tier], PartitionState] = {}
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
             for owner, memory in entries:
                 if Row.select().where(Row.memory_id == memory.id).exists():
                     present.append(memory.id)
                     continue
+                key = (owner, memory.tier)
+                if key not in states:
+                    states[key] = self._backend.lock_partition(owner, memory.tier.value)
+                state = states[key]
+                states[key] = state._replace(
+                    content_chars=state.content_chars + len(memory.content),
+                    entry_count=state.entry_count + 1,
+                )
                 self._insert(
                     memory.id,
                     owner,
@@ -232,11 +303,13 @@ class Store:
                     updated_at=to_micros(memory.updated_at),
                 )
                 inserted += 1
+            for (owner, tier), state in states.items():
+                self._backend.advance(owner, tier.value, state.content_chars, state.entry_count)
         return inserted, present
 
     def _current_version(self) -> int:
-        tables = _sqlite.table_names(self._db)
-        if _sqlite.SCHEMA_TABLE not in tables:
+        tables = self._backend.table_names()
+        if SCHEMA_TABLE not in tables:
             if "memories" in tables:
                 raise StoreError(
                     f"{self.path} holds a 'memories' table but no schema version: it looks "
@@ -247,28 +320,30 @@ class Store:
                     f"{self.path} is not a memory-sidecar database (it has tables {sorted(tables)})"
                 )
             return 0
-        row = self._db.execute_sql(f"SELECT version FROM {_sqlite.SCHEMA_TABLE}").fetchone()
+        row = self._db.execute_sql(f"SELECT version FROM {SCHEMA_TABLE}").fetchone()
         return int(row[0]) if row else 0
 
     def _migrate(self) -> int:
-        with _sqlite.write_transaction(self._db):
+        with self._backend.migration_transaction():
             current = self._current_version()
             if current > SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path} has schema version {current}, newer than this "
                     f"memory-sidecar understands ({SCHEMA_VERSION}); upgrade memory-sidecar"
                 )
-            for version, what, step in _sqlite.MIGRATIONS:
+            for version, what, step in self._backend.migrations:
                 if version <= current:
                     continue
                 log.info("migrating %s to schema %d (%s)", self.path, version, what)
                 step(self._db)
-                self._db.execute_sql(f"UPDATE {_sqlite.SCHEMA_TABLE} SET version = ?", (version,))
+                self._db.execute_sql(
+                    f"UPDATE {SCHEMA_TABLE} SET version = {self._db.param}", (version,)
+                )
                 current = version
         return current
 
-    def _guard(self) -> _sqlite.ErrorGuard:
-        return _sqlite.ErrorGuard(self.path)
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return self._backend.guard()
 
     # --- writes -------------------------------------------------------------
 
@@ -283,8 +358,8 @@ class Store:
         *,
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
-    ) -> tuple[Memory, Usage, bool]:
-        """Store an entry; return it, the tier's usage after, and whether it is new.
+    ) -> Written:
+        """Store an entry; say what was stored and whether it is new.
 
         Content identical to an entry of the same scope and tier returns that
         entry unchanged (created = False), and so does a retry carrying the
@@ -292,24 +367,31 @@ class Store:
         """
         _require_enabled(tier, policy)
         owner = scope.owner(tier)
-        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            state = self._backend.lock_partition(owner, tier.value)
             _require_caller(still_wanted)
+            usage = _usage_of(state)
             now = to_micros(self._clock())
             if idempotency_key:
                 earlier = self._replay(owner, tier, idempotency_key, content, now)
                 if earlier is not None:
-                    return _to_memory(earlier), self._usage(owner, tier), False
+                    unchanged = state.generation
+                    return Written(_to_memory(earlier), usage, False, unchanged, unchanged)
             existing = self._identical(owner, tier, content)
-            usage = self._usage(owner, tier)
             if existing is not None:
                 self._remember(owner, tier, idempotency_key, existing.memory_id, content, now)
-                return _to_memory(existing), usage, False
-            added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
+                unchanged = state.generation
+                return Written(_to_memory(existing), usage, False, unchanged, unchanged)
+            added = len(content) + (SEPARATOR_CHARS if state.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
             row = self._insert(str(uuid.uuid4()), owner, tier, content, category, confidence, now)
             self._remember(owner, tier, idempotency_key, row.memory_id, content, now)
-            after = Usage(usage.used_chars + added, usage.entry_count + 1)
-            return _to_memory(row), after, True
+            after = state._replace(
+                content_chars=state.content_chars + len(content),
+                entry_count=state.entry_count + 1,
+            )
+            generation = self._advance(owner, tier, after)
+            return Written(_to_memory(row), _usage_of(after), True, state.generation, generation)
 
     def update(
         self,
@@ -321,23 +403,35 @@ class Store:
         category: str | None = None,
         confidence: float | None = None,
         still_wanted: Wanted | None = None,
-    ) -> tuple[Memory, Usage]:
-        """Change the given fields of an entry of this scope."""
-        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+    ) -> Written:
+        """Change the given fields of an entry of this scope.
+
+        Content identical to another entry of the same tier is refused
+        (ALREADY_EXISTS, naming that entry): two entries never say the same.
+        """
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            row, state = self._find_locked(scope, memory_id)
             _require_caller(still_wanted)
-            row = self._find(scope, memory_id)
             tier = Tier(row.tier)
             policy = policies[tier]
             _require_enabled(tier, policy)
-            usage = self._usage(row.owner, tier)
+            usage = _usage_of(state)
+            after = state
             if content is not None and content != row.content:
+                twin = self._identical(row.owner, tier, content)
+                if twin is not None:
+                    raise AlreadyExists(
+                        f"another entry of the {tier.label} tier already says exactly this "
+                        f"(id {twin.memory_id}); update or delete that one instead",
+                        reason="DUPLICATE_CONTENT",
+                        metadata={"id": memory_id, "existing_id": twin.memory_id},
+                    )
                 delta = len(content) - row.content_chars
-                after = usage.used_chars + delta
+                after = state._replace(content_chars=state.content_chars + delta)
                 # Only growth is refused: an entry may always shrink, even in
                 # a tier already over a budget that was lowered after the fact.
                 if delta > 0:
-                    _check_budget(tier, policy, usage.used_chars, after, delta)
-                usage = Usage(after, usage.entry_count)
+                    _check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
                 row = row._replace(content=content, content_chars=len(content))
             if category is not None:
                 row = row._replace(category=category)
@@ -356,17 +450,23 @@ class Store:
                     seq=row.seq,
                 ),
             )
-            return _to_memory(row), usage
+            generation = self._advance(row.owner, tier, after)
+            return Written(_to_memory(row), _usage_of(after), False, state.generation, generation)
 
     def delete(
         self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
-    ) -> tuple[Memory, Usage]:
-        """Remove an entry of this scope; return it as it was."""
-        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
+    ) -> Written:
+        """Remove an entry of this scope; the memory is as it was."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            row, state = self._find_locked(scope, memory_id)
             _require_caller(still_wanted)
-            row = self._find(scope, memory_id)
             self._db.execute_sql(self._sql.delete.sql, self._sql.delete.params(seq=row.seq))
-            return _to_memory(row), self._usage(row.owner, Tier(row.tier))
+            after = state._replace(
+                content_chars=state.content_chars - row.content_chars,
+                entry_count=state.entry_count - 1,
+            )
+            generation = self._advance(row.owner, Tier(row.tier), after)
+            return Written(_to_memory(row), _usage_of(after), False, state.generation, generation)
 
     def import_entries(
         self, scope: Scope, tier: Tier, entries: Iterable[LegacyEntry], policy: TierPolicy
@@ -380,9 +480,10 @@ class Store:
         owner = scope.owner(tier)
         report = ImportReport()
         Row = self._rows
-        with self._guard(), self._db.connection_context(), _sqlite.write_transaction(self._db):
-            usage = self._usage(owner, tier)
-            used, count = usage.used_chars, usage.entry_count
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            state = self._backend.lock_partition(owner, tier.value)
+            used, count = _usage_of(state).used_chars, state.entry_count
+            chars = state.content_chars
             for entry in entries:
                 if not entry.content:
                     report.skipped.append((entry, "empty content"))
@@ -412,8 +513,10 @@ class Store:
                     1.0,
                     entry.created_at_micros,
                 )
-                used, count = used + added, count + 1
+                used, count, chars = used + added, count + 1, chars + len(entry.content)
                 report.imported.append(entry)
+            if report.imported:
+                self._advance(owner, tier, PartitionState(chars, count, state.generation))
         return report
 
     # --- reads --------------------------------------------------------------
@@ -426,24 +529,28 @@ class Store:
         One read transaction, so the list and the usage agree.
         """
         Row = self._rows
-        with self._guard(), self._db.connection_context(), self._db.atomic():
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             query = Row.select().where(_scope_clause(Row, scope, tiers))
             if category:
                 query = query.where(Row.category == category)
             memories = [_to_memory(row) for row in query.order_by(Row.seq)]
-            usage = {tier: self._usage(scope.owner(tier), tier) for tier in tiers}
+            usage = self._usages(scope, tiers)
         return memories, usage
 
-    def tier_entries(self, tier: Tier, owner: str) -> tuple[list[Memory], Usage]:
-        """One owner's entries of one tier in insertion order, and their usage."""
-        with self._guard(), self._db.connection_context():
+    def tier_entries(self, tier: Tier, owner: str) -> Loaded:
+        """One owner's entries of one tier in insertion order, their usage and
+        the partition's generation, all as of one snapshot."""
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             rows = self._rows_of(self._sql.partition, owner=owner, tier=tier.value)
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
         memories = [_to_memory(row) for row in rows]
-        return memories, Usage.of(row.content_chars for row in rows)
+        if state is None:
+            return Loaded(memories, Usage.of(row.content_chars for row in rows), 0)
+        return Loaded(memories, _usage_of(state), state.generation)
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
-        with self._guard(), self._db.connection_context(), self._db.atomic():
-            return {tier: self._usage(scope.owner(tier), tier) for tier in tiers}
+        with self._guard(), self._db.connection_context():
+            return self._usages(scope, tiers)
 
     # --- helpers (call inside a connection) ---------------------------------
 
@@ -451,12 +558,28 @@ class Store:
         cursor = self._db.execute_sql(template.sql, template.params(**values))
         return [Record(*row) for row in cursor.fetchall()]
 
-    def _usage(self, owner: str, tier: Tier) -> Usage:
-        template = self._sql.usage
-        chars, count = self._db.execute_sql(
-            template.sql, template.params(owner=owner, tier=tier.value)
-        ).fetchone()
-        return Usage(rendered_chars(int(chars), int(count)), int(count))
+    def _usages(self, scope: Scope, tiers: Collection[Tier]) -> dict[Tier, Usage]:
+        keys = {tier: (scope.owner(tier), tier.value) for tier in tiers}
+        states = self._backend.states(keys.values())
+        return {
+            tier: _usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
+        }
+
+    def _advance(self, owner: str, tier: Tier, after: PartitionState) -> int:
+        return self._backend.advance(owner, tier.value, after.content_chars, after.entry_count)
+
+    def _find_locked(self, scope: Scope, memory_id: str) -> tuple[Record, PartitionState]:
+        """The entry of this scope with this id, and its partition's state row, locked.
+
+        Read again once the partition is locked: another writer may have
+        changed or removed the entry in between.
+        """
+        row = self._find(scope, memory_id)
+        state = self._backend.lock_partition(row.owner, row.tier)
+        locked = self._find(scope, memory_id)
+        if (locked.owner, locked.tier) != (row.owner, row.tier):  # pragma: no cover - ids are fixed
+            raise NotFound(f"no memory with id {memory_id!r} in this scope")
+        return locked, state
 
     def _replay(
         self, owner: str, tier: Tier, key: str, content: str, now: int
@@ -545,7 +668,7 @@ class Store:
                 updated_at=row.updated_at,
             ),
         )
-        return row._replace(seq=cursor.lastrowid)
+        return row._replace(seq=self._backend.inserted_seq(cursor))
 
     def _find(self, scope: Scope, memory_id: str) -> Record:
         rows = self._rows_of(self._sql.by_id, id=memory_id)

@@ -179,7 +179,9 @@ def test_on_compaction_keeps_the_block_frozen_until_compaction(
     # Another session starts from the store as it is now.
     assert "kestrel" in running.turn("other", scope=SCOPE).system_block
 
-    compacted = running.stub.NotifyCompaction(pb.NotifyCompactionRequest(session_id="s"))
+    compacted = running.stub.NotifyCompaction(
+        pb.NotifyCompactionRequest(session_id="s", scope=SCOPE)
+    )
     assert compacted.invalidated
     rebuilt = running.turn("s", "what is the staging cluster called?", scope=SCOPE)
     assert not rebuilt.cache_hit
@@ -190,11 +192,11 @@ def test_on_compaction_keeps_the_block_frozen_until_compaction(
 def test_compaction_rebuilds_and_is_idempotent(sidecar: Running) -> None:
     seed_both_tiers(sidecar)
     first = sidecar.turn("s", scope=SCOPE)
-    compact = pb.NotifyCompactionRequest(session_id="s")
+    compact = pb.NotifyCompactionRequest(session_id="s", scope=SCOPE)
     assert sidecar.stub.NotifyCompaction(compact).invalidated
     assert not sidecar.stub.NotifyCompaction(compact).invalidated
     assert not sidecar.stub.NotifyCompaction(
-        pb.NotifyCompactionRequest(session_id="never")
+        pb.NotifyCompactionRequest(session_id="never", scope=SCOPE)
     ).invalidated
     rebuilt = sidecar.turn("s", scope=SCOPE)
     assert not rebuilt.cache_hit
@@ -205,7 +207,7 @@ def test_compaction_rebuilds_and_is_idempotent(sidecar: Running) -> None:
 def test_end_session_drops_and_the_id_starts_afresh(sidecar: Running) -> None:
     seed_both_tiers(sidecar)
     sidecar.turn("s", scope=SCOPE)
-    end = pb.EndSessionRequest(session_id="s")
+    end = pb.EndSessionRequest(session_id="s", scope=SCOPE)
     assert sidecar.stub.EndSession(end).dropped
     assert not sidecar.stub.EndSession(end).dropped
     again = sidecar.turn("s", scope=SCOPE)
@@ -223,6 +225,34 @@ def test_no_leak_between_sessions_or_scopes(sidecar: Running) -> None:
     assert "Grace" in theirs.system_block
     assert "Ada" not in theirs.system_block + theirs.turn_context
     assert "Grace" not in mine.system_block + mine.turn_context
+
+
+def test_session_ids_are_per_agent(sidecar: Running) -> None:
+    """Two agents both calling their session "default" each keep their own
+    snapshot, and neither can invalidate or end the other's."""
+    coder, writer = pb.Scope(agent_id="coder", user_id="ada"), pb.Scope(agent_id="writer")
+    sidecar.add("The repo uses uv", scope=coder)
+    sidecar.add("Drafts go to the docs folder", scope=writer)
+    hits = []
+    for _ in range(10):
+        for scope in (coder, writer):
+            hits.append(sidecar.turn("default", scope=scope).cache_hit)
+    # Only the first turn of each agent builds a snapshot.
+    assert hits.count(False) == 2
+
+    writer_compact = pb.NotifyCompactionRequest(session_id="default", scope=writer)
+    assert sidecar.stub.NotifyCompaction(writer_compact).invalidated
+    assert sidecar.turn("default", scope=coder).cache_hit
+    assert not sidecar.turn("default", scope=writer).cache_hit
+
+    # An unscoped call addresses the default scope's session, not theirs.
+    assert not sidecar.stub.EndSession(pb.EndSessionRequest(session_id="default")).dropped
+    assert not sidecar.stub.NotifyCompaction(
+        pb.NotifyCompactionRequest(session_id="default")
+    ).invalidated
+    assert sidecar.stub.EndSession(pb.EndSessionRequest(session_id="default", scope=coder)).dropped
+    assert not sidecar.turn("default", scope=coder).cache_hit
+    assert sidecar.turn("default", scope=writer).cache_hit
 
 
 def test_turn_context_holds_relevant_memories_with_possessives_and_plurals(

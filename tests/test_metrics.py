@@ -56,7 +56,7 @@ def test_turns_writes_and_sessions_are_counted(served: Running) -> None:
     for _ in range(3):
         served.turn("session-secret", "uv", scope=SCOPE)
     served.turn("another", "uv", scope=SCOPE)
-    served.stub.NotifyCompaction(pb.NotifyCompactionRequest(session_id="another"))
+    served.stub.NotifyCompaction(pb.NotifyCompactionRequest(session_id="another", scope=SCOPE))
     error = refused(served.add, "x" * 50, scope=SCOPE)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
 
@@ -69,7 +69,8 @@ def test_turns_writes_and_sessions_are_counted(served: Running) -> None:
     assert value(text, "memory_budget_rejections_total", tier="memory") == 1
     assert value(text, "memory_injected_tokens_total", block="system") > 0
     assert value(text, "memory_db_queries_total", operation="select") > 0
-    assert value(text, "memory_db_queries_total", operation="insert") == inserts + 1
+    # The entry, and its partition's state row (created by its first write).
+    assert value(text, "memory_db_queries_total", operation="insert") == inserts + 2
     assert value(text, "memory_db_query_duration_seconds_count") >= 2
 
 

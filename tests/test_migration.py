@@ -48,7 +48,7 @@ def test_schema_1_rows_all_become_agent_notes(tmp_path: Path, make_sidecar: Make
 
     running = make_sidecar()
 
-    assert running.store.schema_version() == SCHEMA_VERSION == 3
+    assert running.store.schema_version() == SCHEMA_VERSION == 4
     seen: dict[str, pb.Memory] = {}
     owner: dict[str, str] = {}
     for agent in ("coder", "writer", ""):
@@ -91,14 +91,21 @@ def test_migration_is_recorded_and_runs_once(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     build_schema_1(path)
     store = Store(str(path))
-    assert store.open() == 3
+    assert store.open() == 4
     store.close()
     store = Store(str(path))
-    assert store.open() == 3
+    assert store.open() == 4
     assert store.integrity_check() == "ok"
     store.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
+        # Schema 4 sums each partition once, into its state row.
+        assert conn.execute(
+            "SELECT owner, content_chars, entry_count FROM tier_state ORDER BY owner"
+        ).fetchall() == conn.execute(
+            "SELECT owner, SUM(content_chars), COUNT(*) FROM memories"
+            " GROUP BY owner, tier ORDER BY owner"
+        ).fetchall()
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (len(LEGACY_ROWS),)
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()

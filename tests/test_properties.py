@@ -231,5 +231,10 @@ def test_turns(
         ),
         scope,
     )
-    attempt(server, "NotifyCompaction", pb.NotifyCompactionRequest(session_id=session), scope)
-    attempt(server, "EndSession", pb.EndSessionRequest(session_id=session), scope)
+    attempt(
+        server,
+        "NotifyCompaction",
+        pb.NotifyCompactionRequest(session_id=session, scope=scope),
+        scope,
+    )
+    attempt(server, "EndSession", pb.EndSessionRequest(session_id=session, scope=scope), scope)

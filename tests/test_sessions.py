@@ -138,13 +138,13 @@ def test_an_invalidation_racing_a_rebuild_is_not_lost() -> None:
     table: SessionTable[str] = SessionTable(lambda agent: Limits(60, 10))
     session = table.get("s", "coder", now=0)
     epoch = session.epoch  # a turn starts building a view...
-    assert not table.invalidate("s")  # ...compaction arrives meanwhile...
+    assert not table.invalidate("s", "coder")  # ...compaction arrives meanwhile...
     assert not table.attach(session, "view built before compaction", epoch)
     assert session.view is None  # ...so the next turn rebuilds again
     assert session.compacted
     assert table.attach(session, "fresh view", session.epoch)
     assert session.view == "fresh view"
-    assert table.invalidate("s")
+    assert table.invalidate("s", "coder")
 
 
 def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> None:
@@ -158,7 +158,7 @@ def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> No
         nonlocal compacted_upto
         for k in range(40):
             engine.add(SCOPE, Tier.MEMORY, f"fact {k}", "", 1.0)
-            engine.notify_compaction("s")
+            engine.notify_compaction(SCOPE, "s")
             compacted_upto = k
         done.set()
 

@@ -110,7 +110,7 @@ async function main() {
     });
   }
 
-  const ended = await call(client, "EndSession", { session_id: "node-session" });
+  const ended = await call(client, "EndSession", { session_id: "node-session", scope });
   say("end", { dropped: ended.dropped });
   client.close();
 }

@@ -236,10 +236,12 @@ class InjectForTurnResponse(_message.Message):
     def __init__(self, system_block: _Optional[str] = ..., turn_context: _Optional[str] = ..., snapshot_generation: _Optional[int] = ..., snapshot_sha256: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., injected_memory_ids: _Optional[_Iterable[str]] = ..., system_block_tokens: _Optional[int] = ..., turn_context_tokens: _Optional[int] = ..., token_counter: _Optional[_Union[TokenCounter, str]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., system_block_memory_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NotifyCompactionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "scope")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    scope: Scope
+    def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ...) -> None: ...
 
 class NotifyCompactionResponse(_message.Message):
     __slots__ = ("invalidated",)
@@ -248,10 +250,12 @@ class NotifyCompactionResponse(_message.Message):
     def __init__(self, invalidated: _Optional[bool] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "scope")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    scope: Scope
+    def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ...) -> None: ...
 
 class EndSessionResponse(_message.Message):
     __slots__ = ("dropped",)

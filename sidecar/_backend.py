@@ -1,0 +1,149 @@
+"""What the store needs from a database backend. Private to sidecar.store.
+
+Two backends implement it: SQLite (sidecar._sqlite, the embedded default)
+and PostgreSQL (sidecar._postgres, for many replicas on one database). The
+store's queries on `memories` come from Peewee's query builder and are
+portable; what differs lives behind this class: connection set-up, schema
+DDL, transactions, the per-partition state row and its generation, how other
+processes hear about writes, and which driver errors mean what.
+
+The per-partition state row (`tier_state`, one per owner and tier) holds the
+partition's content_chars, entry_count and generation. Every write locks it,
+checks the budget against it and advances it in the same transaction, so a
+budget check is O(1) and budgets hold across processes.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from sidecar.changes import ChangeFeed, OnChange
+
+SCHEMA_TABLE = "schema_version"
+STATE_TABLE = "tier_state"
+Step = Callable[[Any], None]
+
+
+class PartitionState(NamedTuple):
+    """A partition's state row: what its entries occupy, and its generation."""
+
+    content_chars: int
+    entry_count: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class FeedSettings:
+    """How a change feed hears about other processes' writes."""
+
+    poll_seconds: float
+    heartbeat_seconds: float
+
+
+class Backend(abc.ABC):
+    """One database: its connections, schema and dialect."""
+
+    name: ClassVar[str]
+    # Where the data lives, fit for logs and messages (no password).
+    location: str
+    db: Any  # a pooled peewee.Database (playhouse is untyped)
+    migrations: ClassVar[list[tuple[int, str, Step]]]
+
+    # --- transactions -------------------------------------------------------
+
+    @abc.abstractmethod
+    def write_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A read-then-write transaction; writers of one partition serialise
+        on its state row (see lock_partition)."""
+
+    @abc.abstractmethod
+    def read_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A transaction whose reads all see one snapshot."""
+
+    @abc.abstractmethod
+    def migration_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A transaction only one process at a time runs: migrations."""
+
+    @abc.abstractmethod
+    def guard(self) -> contextlib.AbstractContextManager[None]:
+        """Turns driver errors a client can act on into SidecarErrors."""
+
+    # --- the state rows -----------------------------------------------------
+
+    _lock_sql: str
+    _create_sql: str
+    _advance_sql: str
+
+    def lock_partition(self, owner: str, tier: str) -> PartitionState:
+        """The partition's state row, locked until the transaction ends.
+
+        Call inside write_transaction. A partition that has never been
+        written gets its row here.
+        """
+        row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
+        if row is None:
+            self.db.execute_sql(self._create_sql, (owner, tier))
+            row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
+        return PartitionState(int(row[0]), int(row[1]), int(row[2]))
+
+    def advance(self, owner: str, tier: str, content_chars: int, entry_count: int) -> int:
+        """Store the partition's new totals; return its new generation.
+
+        Generations come from one sequence for the whole database, so a newer
+        write always has a larger number than an older one. Call inside
+        write_transaction, after lock_partition.
+        """
+        row = self.db.execute_sql(
+            self._advance_sql, (content_chars, entry_count, owner, tier)
+        ).fetchone()
+        return int(row[0])
+
+    def states(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], PartitionState]:
+        """The state rows of these (owner, tier) partitions that exist."""
+        p = self.db.param
+        sql = (
+            f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+            f" WHERE owner = {p} AND tier = {p}"
+        )
+        found: dict[tuple[str, str], PartitionState] = {}
+        for owner, tier in keys:
+            row = self.db.execute_sql(sql, (owner, tier)).fetchone()
+            if row is not None:
+                found[(owner, tier)] = PartitionState(int(row[0]), int(row[1]), int(row[2]))
+        return found
+
+    def all_states(self) -> Iterator[tuple[str, str, PartitionState]]:
+        """Every state row, as (owner, tier, state)."""
+        cursor = self.db.execute_sql(
+            f"SELECT owner, tier, content_chars, entry_count, generation FROM {STATE_TABLE}"
+        )
+        for owner, tier, chars, count, generation in cursor:
+            yield owner, tier, PartitionState(int(chars), int(count), int(generation))
+
+    # --- everything else ----------------------------------------------------
+
+    def inserted_seq(self, cursor: Any) -> int:
+        """The seq of the row an INSERT just added."""
+        return int(cursor.lastrowid)
+
+    @abc.abstractmethod
+    def table_names(self) -> set[str]: ...
+
+    @abc.abstractmethod
+    def integrity_check(self) -> str:
+        """'ok', or what is wrong with the database's storage."""
+
+    @abc.abstractmethod
+    def connection_settings(self) -> dict[str, int | str]:
+        """The settings of the connection this thread is handed."""
+
+    @abc.abstractmethod
+    def backup(self, destination: str, progress: Callable[[int, int], None]) -> None: ...
+
+    @abc.abstractmethod
+    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
+        """A feed of other processes' writes, started by the caller."""

@@ -1,0 +1,337 @@
+"""Everything PostgreSQL-specific: connections, schema DDL, the NOTIFY
+listener, and which server errors mean what. Needs the `postgres` extra
+(psycopg 3); imported only when `server.db` is a postgresql:// DSN.
+
+Many replicas share one database. What keeps them correct:
+
+- Writers of one partition serialise on its state row (SELECT ... FOR
+  UPDATE), so budgets and de-duplication hold across replicas.
+- Generations come from one sequence; each write NOTIFYs inside its
+  transaction, so the notification is delivered exactly when (and only if)
+  the write commits.
+- Migrations run under a transaction-scoped advisory lock, so replicas
+  starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from playhouse.pool import MaxConnectionsExceeded
+
+from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar.changes import ChangeFeed, OnChange
+from sidecar.errors import StoreError, Unavailable
+
+try:
+    import psycopg
+    from playhouse.postgres_ext import PooledPsycopg3Database
+except ImportError:  # pragma: no cover - exercised only without the extra
+    psycopg = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "memory_sidecar_changes"
+SEQUENCE = "memory_generation"
+# pg_advisory_xact_lock key for migrations: any constant, the same in every
+# replica ("memsidecar" as bytes, truncated to a bigint).
+MIGRATION_LOCK = 0x6D656D7369646563
+APPLICATION_NAME = "memory-sidecar"
+LISTENER_NAME = "memory-sidecar-listener"
+
+
+def redacted(dsn: str) -> str:
+    """The DSN with any password replaced, fit for logs and messages."""
+    parts = urllib.parse.urlsplit(dsn)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostinfo = netloc.rpartition("@")
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{hostinfo}"
+    query = urllib.parse.urlencode(
+        [
+            (key, "***" if key == "password" else value)
+            for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="/:",
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _require_driver() -> None:
+    if psycopg is None:
+        raise StoreError(
+            "server.db is a PostgreSQL DSN but psycopg is not installed; "
+            "install memory-sidecar[postgres]"
+        )
+
+
+# --- schema ---------------------------------------------------------------
+
+
+def _v4_schema(db: Any) -> None:
+    """Schema 4 at once: what schemas 1-4 built on SQLite, for a new database."""
+    db.execute_sql(f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER NOT NULL)")
+    db.execute_sql(f"INSERT INTO {SCHEMA_TABLE} (version) VALUES (0)")
+    db.execute_sql(
+        "CREATE TABLE memories ("
+        " seq BIGSERIAL PRIMARY KEY,"
+        " id TEXT NOT NULL UNIQUE,"
+        " tier TEXT NOT NULL DEFAULT 'memory' CHECK (tier IN ('memory', 'user')),"
+        " owner TEXT NOT NULL,"
+        " content TEXT NOT NULL,"
+        " content_chars INTEGER NOT NULL,"
+        " content_sha256 TEXT NOT NULL,"
+        " category TEXT NOT NULL DEFAULT '',"
+        " confidence DOUBLE PRECISION NOT NULL DEFAULT 1.0"
+        "  CHECK (confidence >= 0.0 AND confidence <= 1.0),"
+        " created_at BIGINT NOT NULL,"
+        " updated_at BIGINT NOT NULL)"
+    )
+    db.execute_sql("CREATE INDEX idx_memories_scope ON memories (owner, tier, seq)")
+    db.execute_sql("CREATE INDEX idx_memories_content ON memories (owner, tier, content_sha256)")
+    db.execute_sql(
+        "CREATE TABLE idempotency_keys ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " key TEXT NOT NULL,"
+        " memory_id TEXT NOT NULL,"
+        " content_sha256 TEXT NOT NULL,"
+        " created_at BIGINT NOT NULL,"
+        " PRIMARY KEY (owner, tier, key))"
+    )
+    db.execute_sql("CREATE INDEX idx_idempotency_created ON idempotency_keys (created_at)")
+    db.execute_sql(
+        f"CREATE TABLE {STATE_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " content_chars BIGINT NOT NULL,"
+        " entry_count BIGINT NOT NULL,"
+        " generation BIGINT NOT NULL,"
+        " PRIMARY KEY (owner, tier))"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{STATE_TABLE}_generation ON {STATE_TABLE} (generation)")
+    db.execute_sql(f"CREATE SEQUENCE {SEQUENCE}")
+
+
+# (version, what it does, how). Append only, numbered like SQLite's: the
+# same version means the same schema on both backends.
+MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
+    (4, "memories, idempotency keys, a state row per partition", _v4_schema),
+]
+
+# SQLSTATEs a client can act on by retrying.
+_BUSY = {
+    "55P03": "the database kept a row locked past the lock timeout; retry",
+    "40001": "a concurrent write conflicted; retry",
+    "40P01": "a concurrent write deadlocked; retry",
+    "57014": "the statement ran past its timeout; retry",
+}
+
+
+class ErrorGuard:
+    """Turns server errors a client can act on into SidecarErrors."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if not isinstance(exc, Exception):
+            return
+        original = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else exc
+        if psycopg is None or not isinstance(original, psycopg.Error):
+            if isinstance(exc, MaxConnectionsExceeded):
+                raise Unavailable(
+                    "every database connection stayed busy; retry", reason="DATABASE_BUSY"
+                ) from exc
+            return
+        state = original.sqlstate or ""
+        if state in _BUSY:
+            raise Unavailable(_BUSY[state], reason="DATABASE_BUSY") from exc
+        if isinstance(original, psycopg.OperationalError) and (
+            not state or state.startswith(("08", "57P"))
+        ):
+            raise Unavailable(
+                f"cannot reach the database at {self.location}; retry",
+                reason="DATABASE_UNAVAILABLE",
+            ) from exc
+
+
+class PostgresBackend(Backend):
+    """One PostgreSQL database, shared by any number of replicas."""
+
+    name = "postgresql"
+    migrations = MIGRATIONS
+
+    _lock_sql = (
+        f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+        " WHERE owner = %s AND tier = %s FOR UPDATE"
+    )
+    _create_sql = (
+        f"INSERT INTO {STATE_TABLE} (owner, tier, content_chars, entry_count, generation)"
+        " VALUES (%s, %s, 0, 0, 0) ON CONFLICT DO NOTHING"
+    )
+    # One round trip: advance the row and queue the notification, which the
+    # server delivers when (and only if) the transaction commits.
+    _advance_sql = (
+        f"WITH advanced AS (UPDATE {STATE_TABLE} SET content_chars = %s, entry_count = %s,"
+        f" generation = nextval('{SEQUENCE}') WHERE owner = %s AND tier = %s"
+        " RETURNING owner, tier, generation)"
+        f" SELECT generation, pg_notify('{CHANNEL}',"
+        " json_build_array(owner, tier, generation)::text) FROM advanced"
+    )
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        password: str = "",
+        busy_timeout_ms: int = 5000,
+        max_connections: int = 20,
+    ) -> None:
+        _require_driver()
+        # libpq knows postgresql:// and postgres://; Peewee only the first.
+        self._dsn = "postgresql://" + dsn.split("://", 1)[1]
+        self.location = redacted(dsn)
+        self._password = password
+        self._busy_timeout_ms = busy_timeout_ms
+        self.db = PooledPsycopg3Database(
+            self._dsn,
+            max_connections=max_connections,
+            timeout=max(busy_timeout_ms / 1000, 1),
+            **self._connect_params(APPLICATION_NAME),
+        )
+
+    def _connect_params(self, application_name: str) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "application_name": application_name,
+            "connect_timeout": max(1, round(self._busy_timeout_ms / 1000)),
+            # A writer waiting on a partition's row lock gives up like an
+            # SQLite writer waiting on the write lock: after the busy timeout.
+            "options": f"-c lock_timeout={self._busy_timeout_ms}",
+        }
+        if self._password:
+            params["password"] = self._password
+        return params
+
+    def write_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        transaction: contextlib.AbstractContextManager[Any] = self.db.atomic()
+        return transaction
+
+    def read_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        # READ COMMITTED gives each statement its own snapshot; a partition's
+        # rows and its state row must come from one.
+        snapshot: contextlib.AbstractContextManager[Any] = self.db.atomic(
+            isolation_level="REPEATABLE READ"
+        )
+        return snapshot
+
+    @contextlib.contextmanager
+    def migration_transaction(self) -> Any:
+        with self.db.atomic():
+            # Held until commit: a replica starting at the same moment waits
+            # here, then finds the schema already migrated.
+            self.db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            yield
+
+    def guard(self) -> contextlib.AbstractContextManager[None]:
+        return ErrorGuard(self.location)
+
+    def inserted_seq(self, cursor: Any) -> int:
+        # Peewee renders INSERTs on PostgreSQL with RETURNING the key.
+        return int(cursor.fetchone()[0])
+
+    def table_names(self) -> set[str]:
+        return set(self.db.get_tables())
+
+    def integrity_check(self) -> str:
+        # Page-level checks are the server's business (data checksums,
+        # amcheck); what this daemon can break is its own bookkeeping.
+        drift = self.db.execute_sql(
+            f"SELECT COUNT(*) FROM {STATE_TABLE} s FULL JOIN"
+            " (SELECT owner, tier, SUM(content_chars) AS chars, COUNT(*) AS n"
+            "  FROM memories GROUP BY owner, tier) m"
+            " ON s.owner = m.owner AND s.tier = m.tier"
+            " WHERE COALESCE(s.content_chars, 0) <> COALESCE(m.chars, 0)"
+            "  OR COALESCE(s.entry_count, 0) <> COALESCE(m.n, 0)"
+        ).fetchone()[0]
+        return "ok" if not drift else f"{drift} partition state rows disagree with their entries"
+
+    def connection_settings(self) -> dict[str, int | str]:
+        return {
+            name: str(self.db.execute_sql(f"SHOW {name}").fetchone()[0])
+            for name in ("application_name", "lock_timeout", "transaction_isolation")
+        }
+
+    def backup(self, destination: str, progress: Callable[[int, int], None]) -> None:
+        raise StoreError(
+            "backup copies SQLite files; back up PostgreSQL with pg_dump or the "
+            "operator's backups (or use `memory-sidecar export`)"
+        )
+
+    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
+        heartbeat = settings.heartbeat_seconds
+        return NotifyListener(
+            lambda: self._listener_connection(heartbeat), on_change, heartbeat=heartbeat
+        )
+
+    def _listener_connection(self, heartbeat: float) -> Any:
+        return psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            # A server that vanished without closing the socket (a partition,
+            # a dead node) is noticed by TCP within a few heartbeats.
+            keepalives=1,
+            keepalives_idle=max(1, round(heartbeat)),
+            keepalives_interval=1,
+            keepalives_count=3,
+            **self._connect_params(LISTENER_NAME),
+        )
+
+
+class NotifyListener(ChangeFeed):
+    """LISTENs on a dedicated connection; every cycle ends with a heartbeat.
+
+    After every (re)connect it LISTENs first and only then re-reads every
+    state row: a write that committed in between is seen by the read, the
+    notification, or both, never by neither.
+    """
+
+    polls = False
+
+    def __init__(self, connect: Callable[[], Any], on_change: OnChange, *, heartbeat: float):
+        super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat)
+        self._connect = connect
+        self._connection: Any = None
+
+    def _cycle(self) -> None:
+        if self._connection is None:
+            connection = self._connect()
+            self._connection = connection
+            connection.execute(f"LISTEN {CHANNEL}")
+            self.connects += 1
+            with connection.cursor() as cursor:
+                for owner, tier, generation in cursor.stream(
+                    f"SELECT owner, tier, generation FROM {STATE_TABLE}"
+                ):
+                    self._deliver(owner, tier, int(generation))
+        for note in self._connection.notifies(timeout=self.interval):
+            owner, tier, generation = json.loads(note.payload)
+            self._deliver(owner, tier, int(generation))
+        # The heartbeat: a connection that died quietly fails here.
+        self._connection.execute("SELECT 1")
+
+    def _close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()

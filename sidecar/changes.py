@@ -1,0 +1,114 @@
+"""Change feeds: how one process hears about writes another process made.
+
+Every write advances its partition's generation in the database (see
+sidecar._backend). A feed delivers those generations to the engine, which
+then knows which cached partitions and snapshots are stale, so a cached turn
+still runs no query at all.
+
+- SQLite (sidecar._sqlite): a background thread polls `PRAGMA data_version`
+  on a connection of its own; when another connection has committed, it
+  reads the state rows whose generation passed its watermark.
+- PostgreSQL (sidecar._postgres): LISTEN on a dedicated connection; writes
+  NOTIFY inside their transaction. After a reconnect it re-LISTENs, then
+  re-reads every state row once. A heartbeat proves the connection alive.
+
+A feed is *verified* while its last successful cycle is recent. While it is
+not (a dead listener, a poller that keeps failing), the engine reads the
+generations of the partitions a call uses from the database before trusting
+its caches: slower, never stale.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import ClassVar
+
+log = logging.getLogger(__name__)
+
+# (owner, tier, generation) of a partition some process has written.
+OnChange = Callable[[str, str, int], None]
+_NEVER = float("-inf")
+
+
+class ChangeFeed(abc.ABC):
+    """A background thread that delivers other processes' writes.
+
+    Steppable: `run_once()` runs one cycle (wait for news up to the interval,
+    deliver it, prove the path alive), so tests can drive a feed without its
+    thread. `stale_after` seconds without a successful cycle make the feed
+    unverified.
+    """
+
+    def __init__(
+        self,
+        on_change: OnChange,
+        *,
+        interval: float,
+        stale_after: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._on_change = on_change
+        self.interval = interval
+        self._stale_after = stale_after
+        self._clock = clock
+        self._last_ok = _NEVER
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Seen by metrics and tests.
+        self.failures = 0
+        self.connects = 0
+
+    # True: a cycle returns at once and the thread sleeps between cycles.
+    # False: a cycle itself blocks until news or the interval has passed.
+    polls: ClassVar[bool] = True
+
+    @property
+    def verified(self) -> bool:
+        """Whether every write committed more than a moment ago has been delivered."""
+        return self._clock() - self._last_ok < self._stale_after
+
+    def start(self) -> None:
+        """Connect once in the caller's thread (so start-up fails loudly), then run."""
+        self.run_once()
+        self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 5)
+        self._close()
+
+    def run_once(self) -> None:
+        try:
+            self._cycle()
+        except Exception as exc:
+            self.failures += 1
+            self._last_ok = _NEVER
+            log.warning("change feed failed (%s); caches are checked against the database", exc)
+            self._close()
+            return
+        self._last_ok = self._clock()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+            if self.polls or not self.verified:
+                # The poll interval, or a back-off before reconnecting; a stop
+                # wakes the thread at once.
+                self._stop.wait(self.interval)
+
+    def _deliver(self, owner: str, tier: str, generation: int) -> None:
+        self._on_change(owner, tier, generation)
+
+    @abc.abstractmethod
+    def _cycle(self) -> None:
+        """(Re)connect if needed, wait up to the interval for news, deliver it."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Drop the connection; the next cycle reconnects."""
