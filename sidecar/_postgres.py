@@ -43,6 +43,8 @@ SEQUENCE = "memory_generation"
 MIGRATION_LOCK = 0x6D656D7369646563
 APPLICATION_NAME = "memory-sidecar"
 LISTENER_NAME = "memory-sidecar-listener"
+# The longest the listener waits for notifications at a time.
+_SLICE = 0.1
 
 
 def redacted(dsn: str) -> str:
@@ -312,23 +314,33 @@ class NotifyListener(ChangeFeed):
         super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat)
         self._connect = connect
         self._connection: Any = None
+        self._beat = 0.0
 
-    def _cycle(self) -> None:
-        if self._connection is None:
-            connection = self._connect()
-            self._connection = connection
-            connection.execute(f"LISTEN {CHANNEL}")
-            self.connects += 1
-            with connection.cursor() as cursor:
-                for owner, tier, generation in cursor.stream(
-                    f"SELECT owner, tier, generation FROM {STATE_TABLE}"
-                ):
-                    self._deliver(owner, tier, int(generation))
-        for note in self._connection.notifies(timeout=self.interval):
+    def _open(self) -> None:
+        if self._connection is not None:
+            return
+        connection = self._connect()
+        self._connection = connection
+        connection.execute(f"LISTEN {CHANNEL}")
+        self.connects += 1
+        with connection.cursor() as cursor:
+            for owner, tier, generation in cursor.stream(
+                f"SELECT owner, tier, generation FROM {STATE_TABLE}"
+            ):
+                self._deliver(owner, tier, int(generation))
+        self._beat = self._clock()
+
+    def _cycle(self) -> bool:
+        # Short waits, so that a stop never waits a whole heartbeat.
+        for note in self._connection.notifies(timeout=min(self.interval, _SLICE)):
             owner, tier, generation = json.loads(note.payload)
             self._deliver(owner, tier, int(generation))
+        if self._clock() - self._beat < self.interval:
+            return False
         # The heartbeat: a connection that died quietly fails here.
         self._connection.execute("SELECT 1")
+        self._beat = self._clock()
+        return True
 
     def _close(self) -> None:
         connection, self._connection = self._connection, None

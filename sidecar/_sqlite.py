@@ -333,17 +333,20 @@ class DataVersionPoller(ChangeFeed):
         self._version: int | None = None
         self._watermark: int | None = None
 
-    def _cycle(self) -> None:
+    def _open(self) -> None:
         if self._connection is None:
             self._connection = sqlite3.connect(self._path, check_same_thread=False)
             self._connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             self.connects += 1
+
+    def _cycle(self) -> bool:
+        assert self._connection is not None
         version = self._connection.execute("PRAGMA data_version").fetchone()[0]
-        if version == self._version:
-            return
-        self._version = version
-        for owner, tier, generation in self._changed():
-            self._deliver(owner, tier, generation)
+        if version != self._version:
+            self._version = version
+            for owner, tier, generation in self._changed():
+                self._deliver(owner, tier, generation)
+        return True
 
     def _changed(self) -> Iterator[tuple[str, str, int]]:
         assert self._connection is not None

@@ -72,8 +72,9 @@ class ChangeFeed(abc.ABC):
         return self._clock() - self._last_ok < self._stale_after
 
     def start(self) -> None:
-        """Connect once in the caller's thread (so start-up fails loudly), then run."""
-        self.run_once()
+        """Connect in the caller's thread (so start-up fails loudly), then run."""
+        self._open()
+        self._last_ok = self._clock()
         self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
         self._thread.start()
 
@@ -85,14 +86,16 @@ class ChangeFeed(abc.ABC):
 
     def run_once(self) -> None:
         try:
-            self._cycle()
+            self._open()
+            alive = self._cycle()
         except Exception as exc:
             self.failures += 1
             self._last_ok = _NEVER
             log.warning("change feed failed (%s); caches are checked against the database", exc)
             self._close()
             return
-        self._last_ok = self._clock()
+        if alive:
+            self._last_ok = self._clock()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -106,8 +109,12 @@ class ChangeFeed(abc.ABC):
         self._on_change(owner, tier, generation)
 
     @abc.abstractmethod
-    def _cycle(self) -> None:
-        """(Re)connect if needed, wait up to the interval for news, deliver it."""
+    def _open(self) -> None:
+        """Connect and catch up, unless connected already."""
+
+    @abc.abstractmethod
+    def _cycle(self) -> bool:
+        """Deliver the news; whether the path to the database was proved alive."""
 
     @abc.abstractmethod
     def _close(self) -> None:

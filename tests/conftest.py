@@ -1,4 +1,9 @@
-"""Shared fixtures: a real daemon on a free port over a real SQLite file."""
+"""Shared fixtures: a real daemon on a free port over a real SQLite file, or
+over a real PostgreSQL database of a throwaway cluster.
+
+Modules marked `contract` (`pytestmark = pytest.mark.contract`) run every
+test against both backends; the rest run on SQLite, the embedded default.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +31,10 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.metrics import Metrics
 from sidecar.server import Addresses, Sidecar
 from sidecar.store import Store
+from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ("sqlite", "postgresql")
 
 
 @dataclass
@@ -38,6 +45,8 @@ class Running:
     channel: grpc.Channel
     stub: pb_grpc.MemoryServiceStub
     db_path: Path
+    # The --db the daemon was given: db_path, or a PostgreSQL DSN.
+    db: str = ""
 
     def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
         return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **fields), timeout=timeout)
@@ -64,14 +73,23 @@ class Running:
 
 
 def start_sidecar(
-    db_path: Path, yaml_text: str = "", environ: dict[str, str] | None = None, **server: Any
+    db_path: Path,
+    yaml_text: str = "",
+    environ: dict[str, str] | None = None,
+    *,
+    db: str = "",
+    **server: Any,
 ) -> Running:
-    """A real Sidecar on 127.0.0.1:0 with its own store and channel."""
+    """A real Sidecar on 127.0.0.1:0 with its own store and channel.
+
+    `db` (a DSN) overrides `db_path`, which then only names the config file.
+    """
     cfg_file = None
     if yaml_text:
         cfg_file = db_path.parent / f"{db_path.stem}-config.yaml"
         cfg_file.write_text(yaml_text)
-    flags = {"db": str(db_path), "listen": "127.0.0.1:0", **server}
+    db = db or str(db_path)
+    flags = {"db": db, "listen": "127.0.0.1:0", **server}
     cfg = config_mod.load(cfg_file, environ=environ or {}, flags=flags)
     metrics = Metrics(CollectorRegistry())
     store = daemon.open_store(cfg, metrics)
@@ -79,7 +97,9 @@ def start_sidecar(
     sidecar = Sidecar(cfg, store, metrics=metrics)
     addresses = sidecar.start()
     channel = grpc.insecure_channel(addresses.api)
-    return Running(sidecar, store, addresses, channel, pb_grpc.MemoryServiceStub(channel), db_path)
+    return Running(
+        sidecar, store, addresses, channel, pb_grpc.MemoryServiceStub(channel), db_path, db
+    )
 
 
 def stop_sidecar(running: Running) -> None:
@@ -96,8 +116,56 @@ def _no_sidecar_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "contract: runs against every storage backend")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("contract"):
+        metafunc.parametrize("backend", BACKENDS)
+
+
 @pytest.fixture
-def make_sidecar(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+def backend() -> str:
+    """The storage backend; contract tests are parametrized over every one."""
+    return "sqlite"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pg.Cluster]:
+    """A throwaway PostgreSQL cluster, started once per test session."""
+    found = pg.bindir()
+    require_tool(str(found) if found else None, "PostgreSQL (Debian's postgresql package)")
+    assert found is not None
+    cluster = pg.Cluster(found)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def databases(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """name -> the --db of that name for this test's backend (the same name,
+    the same database)."""
+    made: dict[str, str] = {}
+
+    def database(name: str) -> str:
+        if name not in made:
+            if backend == "postgresql":
+                made[name] = request.getfixturevalue("postgres").new_database()
+            else:
+                made[name] = str(tmp_path / name)
+        return made[name]
+
+    return database
+
+
+@pytest.fixture
+def make_sidecar(
+    tmp_path: Path, databases: Callable[[str], str]
+) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
     def make(
@@ -107,7 +175,7 @@ def make_sidecar(tmp_path: Path) -> Iterator[Callable[..., Running]]:
         environ: dict[str, str] | None = None,
         **server: Any,
     ) -> Running:
-        running = start_sidecar(tmp_path / name, yaml_text, environ, **server)
+        running = start_sidecar(tmp_path / name, yaml_text, environ, db=databases(name), **server)
         started.append(running)
         return running
 

@@ -6,9 +6,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import MakeSidecar, Running, error_info, refused
+
+pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 

@@ -7,9 +7,12 @@ import time
 from collections import Counter
 
 import grpc
+import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import MakeSidecar
+
+pytestmark = pytest.mark.contract
 
 SCOPES = [pb.Scope(agent_id=f"agent-{i}", user_id=f"user-{i % 2}") for i in range(3)]
 BUDGETS = {pb.TIER_MEMORY: 400, pb.TIER_USER: 250}

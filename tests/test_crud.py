@@ -10,6 +10,8 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import Running
 
+pytestmark = pytest.mark.contract
+
 AGENT = pb.Scope(agent_id="coder", user_id="ada")
 
 

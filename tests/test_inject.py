@@ -9,6 +9,8 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import MakeSidecar, Running
 
+pytestmark = pytest.mark.contract
+
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 RULE = "═" * 48
 

@@ -100,12 +100,15 @@ def test_migration_is_recorded_and_runs_once(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
         # Schema 4 sums each partition once, into its state row.
-        assert conn.execute(
-            "SELECT owner, content_chars, entry_count FROM tier_state ORDER BY owner"
-        ).fetchall() == conn.execute(
-            "SELECT owner, SUM(content_chars), COUNT(*) FROM memories"
-            " GROUP BY owner, tier ORDER BY owner"
-        ).fetchall()
+        assert (
+            conn.execute(
+                "SELECT owner, content_chars, entry_count FROM tier_state ORDER BY owner"
+            ).fetchall()
+            == conn.execute(
+                "SELECT owner, SUM(content_chars), COUNT(*) FROM memories"
+                " GROUP BY owner, tier ORDER BY owner"
+            ).fetchall()
+        )
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (len(LEGACY_ROWS),)
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()

@@ -7,6 +7,8 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import MakeSidecar, Running
 
+pytestmark = pytest.mark.contract
+
 SCOPE = pb.Scope(agent_id="companion", user_id="caroline")
 
 # What an agent noted over several sessions of a long conversation between

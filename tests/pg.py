@@ -1,0 +1,119 @@
+"""A throwaway PostgreSQL cluster for one test session.
+
+initdb into a temporary directory, served on a Unix socket in that directory
+only (no TCP port), with durability off (a test cluster is never kept). As
+root, the server runs as the `postgres` user, since PostgreSQL refuses to run
+as root. Each test gets databases of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def bindir() -> Path | None:
+    """Where initdb and pg_ctl live (Debian keeps them off PATH)."""
+    config = shutil.which("pg_config")
+    if config:
+        found = Path(
+            subprocess.run([config, "--bindir"], capture_output=True, text=True).stdout.strip()
+        )
+        if (found / "initdb").exists():
+            return found
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
+    if versions:
+        return versions[0].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+class Cluster:
+    def __init__(self, bin_dir: Path) -> None:
+        self._bin = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="memory-sidecar-pg-"))
+        self.data = self.root / "data"
+        self._user: str | None = None
+        if os.geteuid() == 0:
+            self._user = "postgres"
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        self._names = itertools.count(1)
+
+    def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        command = list(args)
+        if self._user:
+            command = ["runuser", "-u", self._user, "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
+
+    def start(self) -> None:
+        self._run(
+            [
+                str(self._bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale",
+                "C",
+            ]
+        )
+        options = " ".join(
+            [
+                "-c listen_addresses=''",
+                f"-k {self.root}",
+                "-c fsync=off",
+                "-c synchronous_commit=off",
+                "-c full_page_writes=off",
+                "-c max_connections=300",
+            ]
+        )
+        self._run(
+            [
+                str(self._bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-o",
+                options,
+                "-l",
+                str(self.root / "server.log"),
+                "-w",
+                "start",
+            ]
+        )
+
+    def stop(self) -> None:
+        try:
+            self._run([str(self._bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"])
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def dsn(self, database: str = "postgres", user: str = "postgres") -> str:
+        host = urllib.parse.quote(str(self.root), safe="")
+        return f"postgresql://{user}@/{database}?host={host}"
+
+    def sql(self, statement: str, database: str = "postgres") -> list[tuple[object, ...]]:
+        """Run one statement as the superuser; its rows."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(database), autocommit=True) as connection:
+            cursor = connection.execute(statement)
+            return list(cursor.fetchall()) if cursor.description else []
+
+    def new_database(self) -> str:
+        """A fresh, empty database; its DSN."""
+        name = f"test_{next(self._names)}"
+        self.sql(f"CREATE DATABASE {name}")
+        return self.dsn(name)
