@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -149,7 +150,8 @@ class ErrorGuard:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if not isinstance(exc, Exception):
             return
-        original = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else exc
+        # Peewee wraps the driver's exception and keeps it as `orig`.
+        original = getattr(exc, "orig", exc)
         if psycopg is None or not isinstance(original, psycopg.Error):
             if isinstance(exc, MaxConnectionsExceeded):
                 raise Unavailable(
@@ -159,11 +161,14 @@ class ErrorGuard:
         state = original.sqlstate or ""
         if state in _BUSY:
             raise Unavailable(_BUSY[state], reason="DATABASE_BUSY") from exc
+        # Cannot connect (08), shutting down (57P), refused login (28), no
+        # such database (3D): say why, in the server's words (never a password).
         if isinstance(original, psycopg.OperationalError) and (
-            not state or state.startswith(("08", "57P"))
+            not state or state.startswith(("08", "57P", "28", "3D"))
         ):
+            why = str(original).strip().splitlines()[-1] if str(original).strip() else "no answer"
             raise Unavailable(
-                f"cannot reach the database at {self.location}; retry",
+                f"cannot reach the database at {self.location}: {why}",
                 reason="DATABASE_UNAVAILABLE",
             ) from exc
 
@@ -310,15 +315,22 @@ class NotifyListener(ChangeFeed):
 
     polls = False
 
-    def __init__(self, connect: Callable[[], Any], on_change: OnChange, *, heartbeat: float):
-        super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat)
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        on_change: OnChange,
+        *,
+        heartbeat: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat, clock=clock)
         self._connect = connect
         self._connection: Any = None
         self._beat = 0.0
 
-    def _open(self) -> None:
+    def _open(self) -> bool:
         if self._connection is not None:
-            return
+            return False
         connection = self._connect()
         self._connection = connection
         connection.execute(f"LISTEN {CHANNEL}")
@@ -329,6 +341,7 @@ class NotifyListener(ChangeFeed):
             ):
                 self._deliver(owner, tier, int(generation))
         self._beat = self._clock()
+        return True
 
     def _cycle(self) -> bool:
         # Short waits, so that a stop never waits a whole heartbeat.

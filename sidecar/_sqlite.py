@@ -333,11 +333,13 @@ class DataVersionPoller(ChangeFeed):
         self._version: int | None = None
         self._watermark: int | None = None
 
-    def _open(self) -> None:
-        if self._connection is None:
-            self._connection = sqlite3.connect(self._path, check_same_thread=False)
-            self._connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            self.connects += 1
+    def _open(self) -> bool:
+        if self._connection is not None:
+            return False
+        self._connection = sqlite3.connect(self._path, check_same_thread=False)
+        self._connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        self.connects += 1
+        return True
 
     def _cycle(self) -> bool:
         assert self._connection is not None

@@ -86,8 +86,8 @@ class ChangeFeed(abc.ABC):
 
     def run_once(self) -> None:
         try:
-            self._open()
-            alive = self._cycle()
+            opened = self._open()
+            alive = self._cycle() or opened
         except Exception as exc:
             self.failures += 1
             self._last_ok = _NEVER
@@ -109,8 +109,8 @@ class ChangeFeed(abc.ABC):
         self._on_change(owner, tier, generation)
 
     @abc.abstractmethod
-    def _open(self) -> None:
-        """Connect and catch up, unless connected already."""
+    def _open(self) -> bool:
+        """Connect and catch up, unless connected already; whether it connected."""
 
     @abc.abstractmethod
     def _cycle(self) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 from sidecar import __version__, admin, cagent, config, daemon
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.memory import Scope, Tier
+from sidecar.store import is_dsn
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -30,7 +31,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="YAML configuration file (or $MEMORY_SIDECAR_CONFIG)",
     )
-    common.add_argument("--db", metavar="PATH", help="SQLite database file")
+    common.add_argument(
+        "--db",
+        metavar="PATH|DSN",
+        help="SQLite database file, or a postgresql:// DSN (no password in it)",
+    )
+    common.add_argument(
+        "--db-password-file",
+        metavar="FILE",
+        help="file holding the PostgreSQL password (or set $MEMORY_SIDECAR_DB_PASSWORD)",
+    )
 
     serve = commands.add_parser("serve", parents=[common], help="run the daemon")
     serve.add_argument(
@@ -199,6 +209,7 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
 
 _SERVER_FLAGS = (
     "db",
+    "db_password_file",
     "listen",
     "health_listen",
     "metrics_listen",
@@ -251,7 +262,7 @@ _OFFLINE = ("backup", "export", "import", "check")
 
 def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
     path = cfg.server.db
-    if args.command != "import" and not os.path.isfile(path):
+    if args.command != "import" and not is_dsn(path) and not os.path.isfile(path):
         print(f"memory-sidecar: no database at {path}", file=sys.stderr)
         return EXIT_ERROR
     store = daemon.open_store(cfg)

@@ -175,7 +175,8 @@ def make_sidecar(
         environ: dict[str, str] | None = None,
         **server: Any,
     ) -> Running:
-        running = start_sidecar(tmp_path / name, yaml_text, environ, db=databases(name), **server)
+        db = server.pop("db", None) or databases(name)
+        running = start_sidecar(tmp_path / name, yaml_text, environ, db=db, **server)
         started.append(running)
         return running
 

@@ -70,6 +70,11 @@ class Cluster:
                 "C",
             ]
         )
+        # The superuser connects without a password; every other role must
+        # give one, so tests can check that passwords reach the server.
+        (self.data / "pg_hba.conf").write_text(
+            "local all postgres trust\nlocal all all scram-sha-256\n"
+        )
         options = " ".join(
             [
                 "-c listen_addresses=''",
