@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import Running
+from tests.conftest import Running, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -116,6 +116,27 @@ def test_update_changes_only_the_fields_given(sidecar: Running) -> None:
     assert rest.memory.category == ""
     assert rest.memory.confidence == 0.0
     assert sidecar.list(scope=AGENT).memories == [rest.memory]
+
+
+def test_update_to_another_entrys_content_is_refused(sidecar: Running) -> None:
+    first = sidecar.add("The repo uses uv", scope=AGENT).memory
+    second = sidecar.add("The repo uses pip", scope=AGENT).memory
+    before = sidecar.list(scope=AGENT)
+    error = refused(
+        sidecar.stub.UpdateMemory,
+        pb.UpdateMemoryRequest(scope=AGENT, id=second.id, content="The repo uses uv"),
+    )
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    info = error_info(error)
+    assert info.reason == "DUPLICATE_CONTENT"
+    assert dict(info.metadata) == {"id": second.id, "existing_id": first.id}
+    assert sidecar.list(scope=AGENT) == before
+    # Its own text again, or the same text in the other tier, is fine.
+    same = pb.UpdateMemoryRequest(scope=AGENT, id=first.id, content="The repo uses uv")
+    assert sidecar.stub.UpdateMemory(same).memory.content == "The repo uses uv"
+    user = sidecar.add("Ada likes pip", scope=AGENT, tier=pb.TIER_USER).memory
+    moved = pb.UpdateMemoryRequest(scope=AGENT, id=user.id, content="The repo uses uv")
+    assert sidecar.stub.UpdateMemory(moved).memory.content == "The repo uses uv"
 
 
 def test_delete_returns_the_entry_and_frees_its_budget(sidecar: Running) -> None:

@@ -191,6 +191,27 @@ def test_import_into_a_live_database_reaches_the_daemon(
     assert [h.memory.content for h in hits] == ["Deploys go through ArgoCD"]
 
 
+def test_import_cagent_into_a_live_database_reaches_the_daemon(
+    make_sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    from tests.test_cagent import CAGENT_ROWS, make_cagent_db
+
+    running = make_sidecar("defaults: {memory_char_limit: 0}")
+    scope = pb.Scope(agent_id="coder")
+    running.add("The repo uses uv", scope=scope)
+    assert running.turn("s", scope=scope).cache_hit is False
+    source = make_cagent_db(tmp_path / "cagent.db")
+    result = run_sidecar("import-cagent", str(source), "--agent-id", "coder", "--db", running.db)
+    assert result.returncode == 0, result.stderr
+    imported = [row[2] for row in CAGENT_ROWS if row[2].strip()]
+    eventually(
+        lambda: all(text in running.turn("s", scope=scope).system_block for text in imported),
+        "the daemon shows every imported entry",
+    )
+    usage = running.list(scope=scope, tier=pb.TIER_MEMORY).usage[0]
+    assert usage.entry_count == 1 + len(imported)
+
+
 def test_two_daemon_processes_share_one_database(
     make_sidecar: MakeSidecar, databases: Callable[[str], str]
 ) -> None:
