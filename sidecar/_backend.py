@@ -44,6 +44,25 @@ class FeedSettings:
     heartbeat_seconds: float
 
 
+class ErrorGuard(abc.ABC):
+    """Turns driver errors a client can act on into SidecarErrors; any other
+    error passes through (and becomes INTERNAL, logged, at the edge)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, Exception):
+            self.translate(exc)
+
+    @abc.abstractmethod
+    def translate(self, exc: Exception) -> None:
+        """Raise the SidecarError that `exc` stands for, if it stands for one."""
+
+
 class Backend(abc.ABC):
     """One database: its connections, schema and dialect."""
 

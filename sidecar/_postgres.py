@@ -25,6 +25,7 @@ from typing import Any
 
 from playhouse.pool import MaxConnectionsExceeded
 
+from sidecar import _backend
 from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import StoreError, Unavailable
@@ -138,18 +139,8 @@ _BUSY = {
 }
 
 
-class ErrorGuard:
-    """Turns server errors a client can act on into SidecarErrors."""
-
-    def __init__(self, location: str) -> None:
-        self.location = location
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if not isinstance(exc, Exception):
-            return
+class ErrorGuard(_backend.ErrorGuard):
+    def translate(self, exc: Exception) -> None:
         # Peewee wraps the driver's exception and keeps it as `orig`.
         original = getattr(exc, "orig", exc)
         if psycopg is None or not isinstance(original, psycopg.Error):

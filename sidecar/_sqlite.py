@@ -16,6 +16,7 @@ from typing import Any
 import peewee
 from playhouse.pool import PooledSqliteDatabase
 
+from sidecar import _backend
 from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
@@ -207,18 +208,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
 ]
 
 
-class ErrorGuard:
-    """Turns driver errors that a client can act on into SidecarErrors."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            return
+class ErrorGuard(_backend.ErrorGuard):
+    def translate(self, exc: Exception) -> None:
         if isinstance(exc, peewee.OperationalError | sqlite3.OperationalError):
             text = str(exc)
             if "locked" in text or "busy" in text:
@@ -229,7 +220,7 @@ class ErrorGuard:
         if isinstance(exc, peewee.DatabaseError | sqlite3.DatabaseError) and (
             "file is not a database" in str(exc)
         ):
-            raise StoreError(f"{self.path} is not an SQLite database") from exc
+            raise StoreError(f"{self.location} is not an SQLite database") from exc
 
 
 class SqliteBackend(Backend):
