@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
+from sidecar.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 # (owner, tier, generation) of a partition some process has written.
@@ -73,7 +75,13 @@ class ChangeFeed(abc.ABC):
 
     def start(self) -> None:
         """Connect in the caller's thread (so start-up fails loudly), then run."""
-        self._open()
+        try:
+            self._open()
+        except Exception as exc:
+            self._close()
+            raise Unavailable(
+                f"cannot start the change feed: {exc}", reason="DATABASE_UNAVAILABLE"
+            ) from exc
         self._last_ok = self._clock()
         self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
         self._thread.start()
