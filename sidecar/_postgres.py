@@ -157,7 +157,9 @@ class ErrorGuard(_backend.ErrorGuard):
         if isinstance(original, psycopg.OperationalError) and (
             not state or state.startswith(("08", "57P", "28", "3D"))
         ):
-            why = str(original).strip().splitlines()[-1] if str(original).strip() else "no answer"
+            # libpq's first line says what failed; later ones are hints.
+            lines = [line.strip() for line in str(original).splitlines() if line.strip()]
+            why = lines[0] if lines else "no answer"
             raise Unavailable(
                 f"cannot reach the database at {self.location}: {why}",
                 reason="DATABASE_UNAVAILABLE",

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,19 @@ from tests.conftest import ROOT, MakeSidecar, require_tool
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
-CORE_KINDS = {"Pod", "ConfigMap", "PersistentVolumeClaim"}
+REPLICAS = DEPLOY / "k8s-replicas"
+# Kinds the Kubernetes schemas know; the rest are custom resources.
+CORE_KINDS = {
+    K8S: {"Pod", "ConfigMap", "PersistentVolumeClaim"},
+    REPLICAS: {"Deployment", "ConfigMap", "Secret", "PodDisruptionBudget"},
+}
+# Applied on their own, after an operator is installed.
+NOT_IN_KUSTOMIZATION = {"cnpg-cluster.yaml"}
 
 
-def documents() -> list[tuple[Path, dict[str, Any]]]:
+def documents(directory: Path = K8S) -> list[tuple[Path, dict[str, Any]]]:
     docs = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
         for doc in yaml.safe_load_all(path.read_text()):
@@ -32,28 +40,30 @@ def documents() -> list[tuple[Path, dict[str, Any]]]:
     return docs
 
 
-def by_kind(kind: str) -> dict[str, Any]:
-    (doc,) = [d for _, d in documents() if d["kind"] == kind]
+def by_kind(kind: str, directory: Path = K8S) -> dict[str, Any]:
+    (doc,) = [d for _, d in documents(directory) if d["kind"] == kind]
     return doc
 
 
+@pytest.mark.parametrize("directory", [K8S, REPLICAS], ids=["pod", "replicas"])
 @pytest.mark.parametrize("version", ["1.29.0", kubernetes_validate.latest_version()])
-def test_core_manifests_match_the_kubernetes_schemas(version: str) -> None:
+def test_core_manifests_match_the_kubernetes_schemas(directory: Path, version: str) -> None:
     checked = set()
-    for path, doc in documents():
-        if doc["kind"] in CORE_KINDS:
+    for path, doc in documents(directory):
+        if doc["kind"] in CORE_KINDS[directory]:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{path.name}: {exc.message} at {list(exc.path)}")
             checked.add(doc["kind"])
-    assert checked == CORE_KINDS
+    assert checked == CORE_KINDS[directory]
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+@pytest.mark.parametrize("directory", [K8S, REPLICAS], ids=["pod", "replicas"])
+def test_kustomization_lists_every_manifest(directory: Path) -> None:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
-    assert listed == {p.name for p, _ in documents()}
+    assert listed == {p.name for p, _ in documents(directory)} - NOT_IN_KUSTOMIZATION
 
 
 def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
@@ -83,8 +93,12 @@ def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
     assert volumes["config"]["configMap"]["name"] == by_kind("ConfigMap")["metadata"]["name"]
 
 
-def test_every_container_is_locked_down_and_sized() -> None:
-    spec = by_kind("Pod")["spec"]
+@pytest.mark.parametrize(
+    "spec",
+    [by_kind("Pod")["spec"], by_kind("Deployment", REPLICAS)["spec"]["template"]["spec"]],
+    ids=["pod", "replicas"],
+)
+def test_every_container_is_locked_down_and_sized(spec: dict[str, Any]) -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     for container in spec["initContainers"] + spec["containers"]:
@@ -107,17 +121,87 @@ def test_podmonitor_scrapes_the_metrics_port_of_the_pod() -> None:
     assert endpoint["path"] == "/metrics"
 
 
-def _config() -> config.Config:
-    text = by_kind("ConfigMap")["data"]["config.yaml"]
-    path = ROOT / ".pytest_cache" / "deploy-config.yaml"
+def _config(
+    directory: Path = K8S, environ: dict[str, str] | None = None, files: Path | None = None
+) -> config.Config:
+    """The ConfigMap's config.yaml as the sidecar loads it; `files` stands
+    in for the root of the container's filesystem (mounted Secrets)."""
+    text = by_kind("ConfigMap", directory)["data"]["config.yaml"]
+    if files is not None:
+        text = re.sub(r"(_file: )/", rf"\1{files}/", text)
+    path = ROOT / ".pytest_cache" / f"deploy-config-{directory.name}.yaml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
-    return config.load(path, environ={})
+    return config.load(path, environ=environ or {})
 
 
 def test_the_configmap_is_a_valid_sidecar_config() -> None:
     cfg = _config()
     assert cfg.server.db == "/data/memory.db"
+
+
+def test_replicas_share_one_postgresql_through_a_dsn_secret(tmp_path: Path) -> None:
+    deployment = by_kind("Deployment", REPLICAS)
+    assert deployment["spec"]["replicas"] >= 2
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    spec = pod["spec"]
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+
+    # The DSN comes from the Secret, through the environment.
+    (env,) = sidecar["env"]
+    ref = env["valueFrom"]["secretKeyRef"]
+    secret = by_kind("Secret", REPLICAS)
+    assert ref["name"] == secret["metadata"]["name"]
+    dsn = secret["stringData"][ref["key"]]
+    parts = urllib.parse.urlsplit(dsn)
+    assert parts.password is None, "the password belongs in db_password_file"
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    assert query["sslmode"] == "verify-full"
+
+    # Every file the sidecar reads is mounted, from the Secret that holds it.
+    mounts = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def source(path: str) -> tuple[str, str]:
+        directory, _, name = path.rpartition("/")
+        secret = volumes[mounts[directory]]["secret"]
+        (item,) = [i for i in secret["items"] if i["path"] == name]
+        return secret["secretName"], item["key"]
+
+    password_file = "/etc/memory-db/password"
+    (tmp_path / password_file[1:]).parent.mkdir(parents=True)
+    (tmp_path / password_file[1:]).write_text("s3cret\n")
+    cfg = _config(REPLICAS, environ={env["name"]: dsn}, files=tmp_path)
+    assert cfg.server.db == dsn
+    assert cfg.server.db_password == "s3cret"
+    assert cfg.server.db_password_file == f"{tmp_path}{password_file}"
+    assert cfg.server.listen.startswith("127.0.0.1:")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"]["port"] == int(cfg.server.health_listen.rpartition(":")[2])
+    assert spec["terminationGracePeriodSeconds"] > cfg.server.grace_seconds + 5
+    assert "persistentVolumeClaim" not in str(volumes), "no SQLite file in this example"
+
+    # The names CloudNativePG derives from the cluster's: the -rw service, the
+    # -app and -ca secrets, the bootstrap database and its owner.
+    cluster = yaml.safe_load((REPLICAS / "cnpg-cluster.yaml").read_text())
+    name = cluster["metadata"]["name"]
+    assert parts.hostname == f"{name}-rw"
+    initdb = cluster["spec"]["bootstrap"]["initdb"]
+    assert (parts.username, parts.path) == (initdb["owner"], "/" + initdb["database"])
+    assert source(password_file) == (f"{name}-app", "password")
+    assert source(query["sslrootcert"]) == (f"{name}-ca", "ca.crt")
+    # Room for every replica's pool and listener, with one more pod rolling in.
+    per_replica = cfg.server.max_workers + 4 + 1
+    surge = deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    wanted = (deployment["spec"]["replicas"] + surge) * per_replica
+    assert int(cluster["spec"]["postgresql"]["parameters"]["max_connections"]) >= wanted + 10
+
+    pdb = by_kind("PodDisruptionBudget", REPLICAS)
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    monitor = by_kind("PodMonitor", REPLICAS)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
 
 
 def test_dockerfile_is_non_root_with_a_volume_and_a_health_check() -> None:
