@@ -144,7 +144,8 @@ def test_replicas_share_one_postgresql_through_a_dsn_secret(tmp_path: Path) -> N
     deployment = by_kind("Deployment", REPLICAS)
     assert deployment["spec"]["replicas"] >= 2
     pod = deployment["spec"]["template"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    labels = pod["metadata"]["labels"].items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels
     spec = pod["spec"]
     (sidecar,) = spec["initContainers"]
     assert sidecar["restartPolicy"] == "Always"
@@ -199,9 +200,9 @@ def test_replicas_share_one_postgresql_through_a_dsn_secret(tmp_path: Path) -> N
     assert int(cluster["spec"]["postgresql"]["parameters"]["max_connections"]) >= wanted + 10
 
     pdb = by_kind("PodDisruptionBudget", REPLICAS)
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels
     monitor = by_kind("PodMonitor", REPLICAS)
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels
 
 
 def test_dockerfile_is_non_root_with_a_volume_and_a_health_check() -> None:
