@@ -25,6 +25,11 @@ from sidecar.changes import ChangeFeed, OnChange
 
 SCHEMA_TABLE = "schema_version"
 STATE_TABLE = "tier_state"
+# The duplicate check asks for a partition's first entry with a digest
+# (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
+# partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
+# write at 10,000 entries).
+CONTENT_INDEX = "(owner, tier, content_sha256, seq)"
 Step = Callable[[Any], None]
 
 
@@ -151,6 +156,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def table_names(self) -> set[str]: ...
+
+    def analyze(self) -> None:
+        """Refresh the planner's statistics after a bulk load (a no-op where
+        plans do not depend on them)."""
 
     @abc.abstractmethod
     def integrity_check(self) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from playhouse.pool import MaxConnectionsExceeded
 
 from sidecar import _backend
-from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import StoreError, Unavailable
 
@@ -99,7 +99,7 @@ def _v4_schema(db: Any) -> None:
         " updated_at BIGINT NOT NULL)"
     )
     db.execute_sql("CREATE INDEX idx_memories_scope ON memories (owner, tier, seq)")
-    db.execute_sql("CREATE INDEX idx_memories_content ON memories (owner, tier, content_sha256)")
+    db.execute_sql(f"CREATE INDEX idx_memories_content ON memories {CONTENT_INDEX}")
     db.execute_sql(
         "CREATE TABLE idempotency_keys ("
         " owner TEXT NOT NULL,"
@@ -222,6 +222,12 @@ class PostgresBackend(Backend):
         if self._password:
             params["password"] = self._password
         return params
+
+    def analyze(self) -> None:
+        # Until autovacuum gets round to it, a freshly loaded table has no
+        # statistics, and the duplicate check's generic plan then walks the
+        # partition instead of using the content index.
+        self.db.execute_sql(f"ANALYZE memories, {STATE_TABLE}")
 
     def write_transaction(self) -> contextlib.AbstractContextManager[Any]:
         transaction: contextlib.AbstractContextManager[Any] = self.db.atomic()

@@ -17,7 +17,7 @@ import peewee
 from playhouse.pool import PooledSqliteDatabase
 
 from sidecar import _backend
-from sidecar._backend import SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
 from sidecar.errors import StoreError, Unavailable
@@ -177,7 +177,8 @@ def _v4_tier_state(db: PooledSqliteDatabase) -> None:
     """Schema 4: a state row per partition (owner and tier), kept by every write.
 
     Budget checks read it instead of summing the partition, and its
-    generation tells other processes which partitions changed.
+    generation tells other processes which partitions changed. The content
+    index gains seq.
     """
     db.execute_sql(
         f"CREATE TABLE {STATE_TABLE} ("
@@ -193,6 +194,8 @@ def _v4_tier_state(db: PooledSqliteDatabase) -> None:
         f"INSERT INTO {STATE_TABLE} (owner, tier, content_chars, entry_count, generation)"
         " SELECT owner, tier, SUM(content_chars), COUNT(*), 0 FROM memories GROUP BY owner, tier"
     )
+    db.execute_sql("DROP INDEX idx_memories_content")
+    db.execute_sql(f"CREATE INDEX idx_memories_content ON memories {CONTENT_INDEX}")
 
 
 def content_digest(content: str) -> str:

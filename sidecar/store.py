@@ -305,7 +305,13 @@ class Store:
                 inserted += 1
             for (owner, tier), state in states.items():
                 self._backend.advance(owner, tier.value, state.content_chars, state.entry_count)
+        if inserted:
+            self._analyze()
         return inserted, present
+
+    def _analyze(self) -> None:
+        with self._guard(), self._db.connection_context():
+            self._backend.analyze()
 
     def _current_version(self) -> int:
         tables = self._backend.table_names()
@@ -517,6 +523,8 @@ class Store:
                 report.imported.append(entry)
             if report.imported:
                 self._advance(owner, tier, PartitionState(chars, count, state.generation))
+        if report.imported:
+            self._analyze()
         return report
 
     # --- reads --------------------------------------------------------------

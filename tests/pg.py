@@ -35,9 +35,15 @@ def bindir() -> Path | None:
     return Path(initdb).parent if initdb else None
 
 
+# What a throwaway cluster can skip: every commit waiting for the disk.
+_NOT_DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
+
+
 class Cluster:
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, *, durable: bool = False) -> None:
         self._bin = bin_dir
+        # Tests run without fsync; `make bench` with PostgreSQL's defaults.
+        self._durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="memory-sidecar-pg-"))
         self.data = self.root / "data"
         self._user: str | None = None
@@ -79,11 +85,9 @@ class Cluster:
             [
                 "-c listen_addresses=''",
                 f"-k {self.root}",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
                 "-c max_connections=300",
             ]
+            + ([] if self._durable else [f"-c {off}=off" for off in _NOT_DURABLE])
         )
         self._run(
             [

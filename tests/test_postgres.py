@@ -293,3 +293,38 @@ def test_busy_partitions_answer_unavailable(
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert error_info(error).reason == "DATABASE_BUSY"
     assert [m.content for m in running.list(scope=SCOPE).memories] == ["The repo uses uv"]
+
+
+def test_the_duplicate_check_uses_its_index_after_a_bulk_load(postgres: pg.Cluster) -> None:
+    # Without statistics the planner's generic plan for "first entry with
+    # this digest" walked the partition in seq order: 1 ms per write at
+    # 10,000 entries. A bulk load refreshes the statistics.
+    from datetime import UTC, datetime
+
+    from sidecar.memory import Memory
+
+    dsn = postgres.new_database()
+    store = Store(dsn)
+    store.open()
+    now = datetime.now(UTC)
+    store.restore(
+        ("big", Memory(f"m{i}", Tier.MEMORY, f"fact {i}", "", 0.5, now, now)) for i in range(10_000)
+    )
+    store.close()
+    database = dsn.split("/")[-1].split("?")[0]
+    query = (
+        "SELECT seq FROM memories WHERE owner = $1 AND tier = $2"
+        " AND content_sha256 = $3 AND content = $4 ORDER BY seq LIMIT 1"
+    )
+    import psycopg
+
+    with psycopg.connect(postgres.dsn(database), autocommit=True) as connection:
+        connection.execute("SET plan_cache_mode = force_generic_plan")
+        connection.execute(f"PREPARE identical(text, text, text, text) AS {query}")
+        plan = "\n".join(
+            row[0]
+            for row in connection.execute(
+                "EXPLAIN EXECUTE identical('big', 'memory', 'x', 'x')"
+            ).fetchall()
+        )
+    assert "idx_memories_content" in plan, plan
