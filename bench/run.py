@@ -550,7 +550,7 @@ def bench_prefix_cache(report: Report, work: Path, corpus: Corpus) -> None:
                     writes += 1
                 if turn and turn % 25 == 0:
                     stub.NotifyCompaction(
-                        pb.NotifyCompactionRequest(session_id="script"), timeout=10
+                        pb.NotifyCompactionRequest(scope=SCOPE, session_id="script"), timeout=10
                     )
                     compactions += 1
                 block = stub.InjectForTurn(

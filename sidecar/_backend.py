@@ -157,9 +157,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def table_names(self) -> set[str]: ...
 
+    @abc.abstractmethod
     def analyze(self) -> None:
-        """Refresh the planner's statistics after a bulk load (a no-op where
-        plans do not depend on them)."""
+        """Refresh the planner's statistics after a bulk load."""
 
     @abc.abstractmethod
     def integrity_check(self) -> str:

@@ -19,10 +19,13 @@ every search, snapshot and session that needs it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +51,104 @@ def term_weights(content: str) -> TermWeights:
     return tuple((term, tf * (K1 + 1) / (tf + norm)) for term, tf in counts.items())
 
 
+T = TypeVar("T")
+
+
+class Column(Sequence[T]):
+    """The first `size` items of a list that only ever grows at its end.
+
+    Successive partitions of one tier share their columns: a write appends
+    to the list and the new partition sees one item more, while readers of
+    the older one never look past its end. Appending is O(1) where copying
+    the column was O(entries).
+    """
+
+    __slots__ = ("_items", "_size")
+
+    def __init__(self, items: list[T], size: int | None = None) -> None:
+        self._items = items
+        self._size = len(items) if size is None else size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            return self._items[: self._size][index]
+        if index < 0:
+            index += self._size
+        if not 0 <= index < self._size:
+            raise IndexError("column index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[T]:
+        return itertools.islice(self._items, self._size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Column({list(self)!r})"
+
+
+class _Lineage:
+    """Storage shared by a partition and the partitions appended from it:
+    the entry columns, and the ranking arrays with room to grow. Only the
+    partition that ends where the storage ends may append in place; any
+    other (an older one written again) copies."""
+
+    __slots__ = ("arrays", "findings", "lock", "memories", "size", "tokens")
+
+    def __init__(
+        self,
+        memories: list[Memory],
+        findings: list[str | None],
+        tokens: list[int],
+        arrays: tuple[npt.NDArray[Any], ...],
+    ) -> None:
+        self.lock = threading.Lock()
+        self.memories, self.findings, self.tokens = memories, findings, tokens
+        self.arrays = arrays
+        self.size = len(memories)
+
+    def append(self, size: int, memory: Memory, finding: str | None, tokens: int) -> _Lineage:
+        """Storage holding the first `size` entries and then this one."""
+        row = (memory.confidence, memory.updated_at.timestamp(), memory.seq)
+        with self.lock:
+            if self.size == size:
+                if size == len(self.arrays[0]):
+                    # Doubling keeps appends amortised O(1); partitions
+                    # holding views of the old buffers keep them.
+                    self.arrays = tuple(
+                        np.concatenate([a[:size], np.empty(max(size, 8), dtype=a.dtype)])
+                        for a in self.arrays
+                    )
+                for array, value in zip(self.arrays, row, strict=True):
+                    array[size] = value
+                self.memories.append(memory)
+                self.findings.append(finding)
+                self.tokens.append(tokens)
+                self.size = size + 1
+                return self
+            arrays = tuple(
+                np.append(a[:size], value) for a, value in zip(self.arrays, row, strict=True)
+            )
+            return _Lineage(
+                [*self.memories[:size], memory],
+                [*self.findings[:size], finding],
+                [*self.tokens[:size], tokens],
+                arrays,
+            )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Partition:
     """One owner's entries of one tier, as of one generation, with its index.
@@ -63,16 +164,18 @@ class Partition:
     tier: Tier
     owner: str
     generation: int
-    memories: tuple[Memory, ...]
+    memories: Sequence[Memory]
     usage: Usage
-    findings: tuple[str | None, ...] = field(repr=False)
-    tokens: tuple[int, ...] = field(repr=False)
+    findings: Sequence[str | None] = field(repr=False)
+    tokens: Sequence[int] = field(repr=False)
     postings: dict[str, tuple[IntArray, FloatArray]] = field(repr=False)
     confidence: FloatArray = field(repr=False)
     recency: FloatArray = field(repr=False)
     seq: IntArray = field(repr=False)
     # id -> finding, for the few entries the scanner flagged.
     flagged: dict[str, str] = field(repr=False)
+    # Where the columns above live, when appends may share it (see Column).
+    lineage: _Lineage | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -96,20 +199,32 @@ class Partition:
             term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
             for term, (indices, values) in lists.items()
         }
-        findings = tuple(scan(m) for m in memories)
+        findings = [scan(m) for m in memories]
+        lineage = _Lineage(
+            list(memories),
+            findings,
+            [count_tokens(m.content) for m in memories],
+            (
+                np.array([m.confidence for m in memories], dtype=np.float64),
+                np.array([m.updated_at.timestamp() for m in memories], dtype=np.float64),
+                np.array([m.seq for m in memories], dtype=np.int64),
+            ),
+        )
+        confidence, recency, seq = lineage.arrays
         return cls(
             tier,
             owner,
             generation,
-            tuple(memories),
+            Column(lineage.memories),
             usage,
-            findings,
-            tuple(count_tokens(m.content) for m in memories),
+            Column(lineage.findings),
+            Column(lineage.tokens),
             postings,
-            np.array([m.confidence for m in memories], dtype=np.float64),
-            np.array([m.updated_at.timestamp() for m in memories], dtype=np.float64),
-            np.array([m.seq for m in memories], dtype=np.int64),
+            confidence,
+            recency,
+            seq,
             {m.id: f for m, f in zip(memories, findings, strict=True) if f},
+            lineage,
         )
 
     def added(
@@ -123,26 +238,37 @@ class Partition:
     ) -> Partition:
         """This partition with one more entry, the newest (appended)."""
         index = len(self.memories)
-        # Copy on write: only the touched terms' postings are new arrays;
-        # readers of this partition keep seeing it unchanged.
+        # Copy on write: only the touched terms' postings are new arrays, and
+        # the columns grow in place past this partition's end; readers of
+        # this partition keep seeing it unchanged.
         postings = dict(self.postings)
         for term, weight in term_weights(memory.content):
             indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
             postings[term] = (np.append(indices, index), np.append(values, weight))
         finding = scan(memory)
+        lineage = self.lineage or _Lineage(
+            list(self.memories),
+            list(self.findings),
+            list(self.tokens),
+            (self.confidence, self.recency, self.seq),
+        )
+        lineage = lineage.append(index, memory, finding, count_tokens(memory.content))
+        size = index + 1
+        confidence, recency, seq = (a[:size] for a in lineage.arrays)
         return Partition(
             self.tier,
             self.owner,
             generation,
-            (*self.memories, memory),
+            Column(lineage.memories, size),
             usage,
-            (*self.findings, finding),
-            (*self.tokens, count_tokens(memory.content)),
+            Column(lineage.findings, size),
+            Column(lineage.tokens, size),
             postings,
-            np.append(self.confidence, memory.confidence),
-            np.append(self.recency, memory.updated_at.timestamp()),
-            np.append(self.seq, memory.seq),
+            confidence,
+            recency,
+            seq,
             {**self.flagged, memory.id: finding} if finding else self.flagged,
+            lineage,
         )
 
     def changed(
@@ -196,19 +322,24 @@ class Partition:
             confidence, recency, seq = self.confidence.copy(), self.recency.copy(), self.seq
             confidence[position] = replacement.confidence
             recency[position] = replacement.updated_at.timestamp()
+        # A fresh lineage: later appends grow it, not the one this partition
+        # shares (seq may still be a view of it; a lineage whose arrays are
+        # full reallocates before writing, so that view is never written).
+        lineage = _Lineage(memories, findings, tokens, (confidence, recency, seq))
         return Partition(
             self.tier,
             self.owner,
             generation,
-            tuple(memories),
+            Column(memories),
             usage,
-            tuple(findings),
-            tuple(tokens),
+            Column(findings),
+            Column(tokens),
             postings,
             confidence,
             recency,
             seq,
             flagged,
+            lineage,
         )
 
     def by_confidence(self) -> IntArray:

@@ -23,6 +23,8 @@ ACCEPTABLE = {
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # UpdateMemory to another entry's content (DUPLICATE_CONTENT).
+    grpc.StatusCode.ALREADY_EXISTS,
 }
 INT32 = st.integers(-(2**31), 2**31 - 1)
 

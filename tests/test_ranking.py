@@ -72,8 +72,16 @@ def test_incremental_updates_equal_a_fresh_build(seed: int) -> None:
     partition = build(entries)
     seq = len(entries)
     hooks = {"scan": flag, "count_tokens": lambda s: len(s) // 4}
-    for step in range(12):
-        action = rng.choice(["add", "update", "delete"]) if entries else "add"
+    # Every partition made on the way, with what it holds: appends share
+    # storage with older partitions, which must never see them.
+    history = [(partition, list(entries), 0)]
+    for step in range(1, 16):
+        action = rng.choice(["add", "add", "update", "delete", "fork"]) if entries else "add"
+        if action == "fork":
+            # An older partition written again: it may not append in place.
+            partition, old_entries, _ = rng.choice(history)
+            entries = list(old_entries)
+            action = "add"
         if action == "add":
             seq += 1
             new = memory(seq, text(rng))
@@ -89,6 +97,9 @@ def test_incremental_updates_equal_a_fresh_build(seed: int) -> None:
             old = entries.pop(rng.randrange(len(entries)))
             partition = partition.changed(old.id, None, step, Usage(), **hooks)
         same(partition, build(entries, step))
+        history.append((partition, list(entries), step))
+    for older, held, step in history:
+        same(older, build(held, step))
 
 
 def test_an_older_partition_is_untouched_by_updates() -> None:
