@@ -909,6 +909,11 @@ def main(argv: list[str] | None = None) -> int:
                 if cluster is None:
                     report.notes.append("No PostgreSQL server here: sections 9-12 ran SQLite only.")
                 else:
+                    (version,) = cluster.sql("SHOW server_version")[0]
+                    report.notes.append(
+                        f"PostgreSQL {version}: a throwaway cluster on a Unix socket, "
+                        "with the server's durable defaults (fsync, synchronous_commit)."
+                    )
                     if 9 in only:
                         bench_postgres_turn(report, work, cluster, 300 if quick else 3000)
                     if 10 in only:
