@@ -206,6 +206,24 @@ def health_floor(channel: grpc.Channel, count: int) -> list[float]:
     return latencies(lambda: stub.Check(request, timeout=10), count)
 
 
+def cached_turns(
+    d: Daemon, channel: grpc.Channel, request: pb.InjectForTurnRequest, count: int
+) -> tuple[list[float], list[float], float]:
+    """Health checks and cached turns, interleaved so both see the same
+    moments of a noisy machine, and how many queries the turns ran."""
+    stub = pb_grpc.MemoryServiceStub(channel)
+    stub.InjectForTurn(request, timeout=10)  # builds the snapshot
+    health = health_pb2_grpc.HealthStub(channel)
+    check = health_pb2.HealthCheckRequest()
+    queries_before = d.metric("memory_db_queries_total")
+    floor, cached = interleaved(
+        lambda: health.Check(check, timeout=10),
+        lambda: stub.InjectForTurn(request, timeout=10),
+        count,
+    )
+    return floor, cached, d.metric("memory_db_queries_total") - queries_before
+
+
 def bench_floor_and_cached_turn(report: Report, work: Path, corpus: Corpus, count: int) -> float:
     db = work / "turn.db"
     notes = list(corpus.memories(12))
@@ -229,17 +247,9 @@ def bench_floor_and_cached_turn(report: Report, work: Path, corpus: Corpus, coun
             request = pb.InjectForTurnRequest(
                 scope=SCOPE, session_id="cached", user_message=corpus.question(notes[0])
             )
-            stub.InjectForTurn(request, timeout=10)  # builds the snapshot
+            floor, cached, queries = cached_turns(d, channel, request, count)
             health = health_pb2_grpc.HealthStub(channel)
             check = health_pb2.HealthCheckRequest()
-            queries_before = d.metric("memory_db_queries_total")
-            # Interleaved batches, so both see the same moments of a noisy machine.
-            floor, cached = interleaved(
-                lambda: health.Check(check, timeout=10),
-                lambda: stub.InjectForTurn(request, timeout=10),
-                count,
-            )
-            queries = d.metric("memory_db_queries_total") - queries_before
             hits = d.metric("memory_snapshot_lookups_total", result="hit")
             f50, c50 = pct(floor, 50), pct(cached, 50)
             if transport == "TCP loopback":
@@ -598,18 +608,8 @@ def bench_postgres_turn(report: Report, work: Path, cluster: Any, count: int) ->
     notes = list(Corpus().memories(12))
     populate(dsn, {("bench-agent", Tier.MEMORY): notes[:8], ("bench-user", Tier.USER): notes[8:]})
     with daemon(work / "pg-turn.db", dsn=dsn) as d, grpc.insecure_channel(d.api) as channel:
-        stub = pb_grpc.MemoryServiceStub(channel)
         request = pb.InjectForTurnRequest(scope=SCOPE, session_id="cached", user_message="x")
-        stub.InjectForTurn(request, timeout=10)
-        health = health_pb2_grpc.HealthStub(channel)
-        check = health_pb2.HealthCheckRequest()
-        queries_before = d.metric("memory_db_queries_total")
-        floor, cached = interleaved(
-            lambda: health.Check(check, timeout=10),
-            lambda: stub.InjectForTurn(request, timeout=10),
-            count,
-        )
-        queries = d.metric("memory_db_queries_total") - queries_before
+        floor, cached, queries = cached_turns(d, channel, request, count)
         verified = d.metric("memory_change_feed_verified")
     f50 = pct(floor, 50)
     report.add(
