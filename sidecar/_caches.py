@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -24,6 +26,11 @@ class Generations:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._of: dict[object, int] = {}
+        # Partitions being read from the database right now: never forgotten.
+        self._loading: dict[object, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._of)
 
     def current(self, key: object) -> int:
         return self._of.get(key, 0)
@@ -32,6 +39,32 @@ class Generations:
         """Start following a partition (before reading it from the database)."""
         with self._lock:
             self._of.setdefault(key, 0)
+
+    @contextlib.contextmanager
+    def loading(self, key: object) -> Iterator[None]:
+        """Follow a partition while it is read: news heard meanwhile is kept,
+        and marks what was read stale."""
+        with self._lock:
+            self._of.setdefault(key, 0)
+            self._loading[key] = self._loading.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._loading[key] - 1
+                if left:
+                    self._loading[key] = left
+                else:
+                    del self._loading[key]
+
+    def retain(self, keys: Collection[object]) -> int:
+        """Stop following every partition not in `keys` (nothing of it is
+        cached any more) and not being loaded; how many were dropped."""
+        with self._lock:
+            gone = [k for k in self._of if k not in keys and k not in self._loading]
+            for key in gone:
+                del self._of[key]
+        return len(gone)
 
     def observe(self, key: object, generation: int) -> None:
         with self._lock:
@@ -49,26 +82,52 @@ class Generations:
 
 
 class LRU(Generic[K, V]):
-    """A bounded mapping that forgets its least recently used entry first."""
+    """A bounded mapping that forgets its least recently used entries first.
 
-    def __init__(self, size: int) -> None:
+    Bounded by count and, with `weigh`, by total weight (bytes): the newest
+    entry always stays, however heavy.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        max_weight: int = 0,
+        weigh: Callable[[V], int] = lambda item: 0,
+    ) -> None:
         self._size = size
+        self._max_weight = max_weight
+        self._weigh = weigh
         self._lock = threading.Lock()
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.weight = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
+    def keys(self) -> list[K]:
+        with self._lock:
+            return list(self._items)
+
     def get(self, key: K) -> V | None:
         with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
+            entry = self._items.get(key)
+            if entry is None:
+                return None
+            self._items.move_to_end(key)
+            return entry[0]
 
     def put(self, key: K, item: V) -> None:
+        weight = self._weigh(item)
         with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.weight -= old[1]
+            self._items[key] = (item, weight)
+            self.weight += weight
+            while len(self._items) > 1 and (
+                len(self._items) > self._size
+                or (self._max_weight and self.weight > self._max_weight)
+            ):
+                _, (_, gone) = self._items.popitem(last=False)
+                self.weight -= gone

@@ -98,6 +98,10 @@ class ServerSettings:
     max_workers: int = 16
     log_level: str = "info"
     partition_cache_size: int = 4096
+    # ... and at most about this many bytes of them (ranking.Partition.nbytes).
+    partition_cache_bytes: int = 64 * 1024 * 1024
+    # Sessions of all agents together; beyond it the least recently used go.
+    max_sessions_total: int = 100_000
     # Request limits (characters, except max_request_bytes).
     max_content_chars: int = 8192
     max_category_chars: int = 128
@@ -184,6 +188,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "busy_timeout_ms": _at_least(0),
     "max_workers": _at_least(1),
     "partition_cache_size": _at_least(1),
+    "partition_cache_bytes": _at_least(0),
+    "max_sessions_total": _at_least(1),
     "content_scanning": _one_of("strict", "warn", "off"),
     "max_content_chars": _at_least(1),
     "max_category_chars": _at_least(1),

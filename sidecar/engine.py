@@ -96,6 +96,10 @@ class Stats:
     sessions: int
     views: int
     partitions: int
+    # Agents with sessions, and partitions whose generations are followed:
+    # both fall to zero when every session and cached partition is gone.
+    agents: int = 0
+    followed: int = 0
 
 
 def _finding(memory: Memory) -> str | None:
@@ -112,6 +116,10 @@ def _injectable(settings: AgentSettings, memory: Memory, finding: str | None) ->
         return memory
     placeholder = scanner.PLACEHOLDER.format(pattern=finding)
     return dataclasses.replace(memory, content=placeholder, category="")
+
+
+def _session_limits(settings: AgentSettings) -> Limits:
+    return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
 
 
 def _weights(settings: AgentSettings) -> Weights:
@@ -146,16 +154,27 @@ class MemoryEngine:
                 heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
             )
             self._metrics.watch_feed(self.feed)
-        self._partitions: LRU[PartitionKey, Partition] = LRU(config.server.partition_cache_size)
+        self._partitions: LRU[PartitionKey, Partition] = LRU(
+            config.server.partition_cache_size,
+            max_weight=config.server.partition_cache_bytes,
+            weigh=lambda partition: partition.nbytes,
+        )
         self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
             weakref.WeakValueDictionary()
         )
         self._view_locks = [threading.Lock() for _ in range(_STRIPES)]
         self._partition_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Limits per configured agent, computed once; every other agent id
+        # shares the defaults' (nothing is kept per agent id seen).
+        default_limits = _session_limits(config.defaults)
+        limits = {agent: _session_limits(s) for agent, s in config.agents.items()}
         self._sessions: SessionTable[View] = SessionTable(
-            self._limits, on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc
+            lambda agent_id: limits.get(agent_id, default_limits),
+            config.server.max_sessions_total,
+            on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc,
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
+        self._metrics.partition_cache_bytes.set_function(lambda: self._partitions.weight)
         # Labelled children looked up once: a cached turn touches them every time.
         self._remote_writes = self._metrics.snapshot_invalidations.labels("remote_write")
         self._hits = self._metrics.snapshot_lookups.labels("hit")
@@ -165,10 +184,6 @@ class MemoryEngine:
 
     def settings(self, scope: Scope) -> AgentSettings:
         return self._config.for_agent(scope.agent_id)
-
-    def _limits(self, agent_id: str) -> Limits:
-        settings = self._config.for_agent(agent_id)
-        return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
 
     # --- writes -------------------------------------------------------------
 
@@ -379,11 +394,11 @@ class MemoryEngine:
             cached = self._partitions.get(key)
             if cached is not None and not force and self._is_fresh(cached):
                 return cached
-            # Tracked before the read: news of a write committed after the
-            # read is then kept, and marks what is loaded here stale.
-            self._generations.track(key)
-            loaded = self._store.tier_entries(*key)
-            self._generations.observe(key, loaded.generation)
+            # Followed from before the read: news of a write committed after
+            # the read is then kept, and marks what is loaded here stale.
+            with self._generations.loading(key):
+                loaded = self._store.tier_entries(*key)
+                self._generations.observe(key, loaded.generation)
             partition = Partition.build(
                 key[0],
                 key[1],
@@ -606,8 +621,21 @@ class MemoryEngine:
         return dropped
 
     def stats(self) -> Stats:
-        return Stats(len(self._sessions), len(self._views), len(self._partitions))
+        return Stats(
+            len(self._sessions),
+            len(self._views),
+            len(self._partitions),
+            self._sessions.agents,
+            len(self._generations),
+        )
 
     def evict_idle(self, now: float | None = None) -> int:
-        """Evict idle and surplus sessions; the janitor calls this periodically."""
-        return self._sessions.evict_idle(self._now() if now is None else now)
+        """Evict idle and surplus sessions, and stop following partitions
+        nothing holds any more; the janitor calls this periodically."""
+        evicted = self._sessions.evict_idle(self._now() if now is None else now)
+        live = set(self._partitions.keys())
+        live.update(
+            (p.tier, p.owner) for view in list(self._views.values()) for p in view.partitions
+        )
+        self._generations.retain(live)
+        return evicted

@@ -100,6 +100,11 @@ class Metrics:
         self.sessions_active = Gauge(
             "memory_sessions_active", "Sessions holding a snapshot.", registry=r
         )
+        self.partition_cache_bytes = Gauge(
+            "memory_partition_cache_bytes",
+            "Estimated bytes of the tiers kept indexed in memory (server.partition_cache_bytes).",
+            registry=r,
+        )
         self.keyword_fallbacks = Counter(
             "memory_keyword_fallbacks",
             "Turns where the llm keyword strategy failed and local keywords were used.",

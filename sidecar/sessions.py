@@ -2,18 +2,17 @@
 
 A session maps a runtime's session_id to the snapshot (a `View`, built by the
 engine) its frozen block came from. Sessions that never call EndSession are
-evicted after an idle TTL, and beyond a maximum count per agent (least
-recently used first), so a leaky runtime cannot grow the daemon without bound.
+evicted after an idle TTL, beyond a maximum count per agent, and beyond a
+maximum count in all (least recently used first), so neither a leaky
+runtime nor a flood of agent ids can grow the daemon without bound.
 
 All state sits behind one lock held only for dictionary updates; building a
-snapshot happens outside it.
+snapshot happens outside it. Nothing is kept for an agent without sessions.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -23,7 +22,6 @@ V = TypeVar("V")
 
 @dataclass(slots=True)
 class Session(Generic[V]):
-    agent_id: str
     view: V | None
     last_used: float
     # Set by compaction: the next snapshot is read afresh from the database.
@@ -39,46 +37,64 @@ class Limits:
 
 
 class SessionTable(Generic[V]):
-    """(agent_id, session_id) -> Session, in least-recently-used order per agent.
+    """(agent_id, session_id) -> Session, in least-recently-used order.
 
     Session ids are per agent: two agents that both call their session
     "default" hold two sessions, and neither can invalidate, end or take
     over the other's. `limits(agent_id)` gives each agent's TTL and cap;
-    `on_evict(count)` is told how many sessions eviction removed.
+    `max_total` caps all sessions together: over it, the least recently
+    used session of the least recently used agent goes. `on_evict(count)`
+    is told how many sessions eviction removed.
+
+    Plain dicts keep both orders (an entry moves to the end by being popped
+    and put back): an OrderedDict costs twice the memory per agent.
     """
 
     def __init__(
         self,
         limits: Callable[[str], Limits],
+        max_total: int = 1_000_000,
         on_evict: Callable[[int], None] = lambda n: None,
     ) -> None:
-        self._limits = functools.cache(limits)  # configuration does not change
+        self._limits = limits
+        self._max_total = max_total
         self._on_evict = on_evict
         self._lock = threading.Lock()
-        self._agents: dict[str, OrderedDict[str, Session[V]]] = {}
+        # Agents in least-recently-used order, each with its sessions in theirs.
+        self._agents: dict[str, dict[str, Session[V]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def agents(self) -> int:
+        return len(self._agents)
+
     def get(self, session_id: str, agent_id: str, now: float) -> Session[V]:
         """The agent's session, marked as used now; a new one if unknown."""
         with self._lock:
-            sessions = self._agents.setdefault(agent_id, OrderedDict())
-            session = sessions.get(session_id)
+            sessions = self._agents.pop(agent_id, None)
+            if sessions is None:
+                sessions = {}
+            self._agents[agent_id] = sessions
+            session = sessions.pop(session_id, None)
             if session is None:
-                session = Session(agent_id, None, now)
-                sessions[session_id] = session
+                session = Session(None, now)
                 self._count += 1
             else:
                 session.last_used = now
-                sessions.move_to_end(session_id)
-            # Only the cap is enforced here, and only when it is exceeded; idle
+            sessions[session_id] = session
+            # Only the caps are enforced here, and only when exceeded; idle
             # sessions go in evict_idle, which the janitor runs periodically.
             # A cached turn then pays no scan of the table.
             evicted = 0
             if len(sessions) > self._limits(agent_id).max_sessions:
-                evicted = self._evict_agent(agent_id, now, keep=session_id)
+                evicted += self._evict_agent(agent_id, now, keep=session_id)
+            while self._count > self._max_total:
+                if not self._evict_least_recent(keep=(agent_id, session_id)):
+                    break
+                evicted += 1
         if evicted:
             self._on_evict(evicted)
         return session
@@ -133,7 +149,7 @@ class SessionTable(Generic[V]):
             return 0
         limits = self._limits(agent_id)
         evicted = 0
-        # Oldest first: the front of the ordered dict is the least recently used.
+        # Oldest first: the front of the dict is the least recently used.
         while sessions:
             session_id, session = next(iter(sessions.items()))
             if session_id == keep:
@@ -147,3 +163,15 @@ class SessionTable(Generic[V]):
         if not sessions:
             del self._agents[agent_id]
         return evicted
+
+    def _evict_least_recent(self, keep: tuple[str, str]) -> bool:
+        """Evict one session of the least recently used agent (never `keep`)."""
+        for agent_id, sessions in self._agents.items():
+            for session_id in sessions:
+                if (agent_id, session_id) != keep:
+                    del sessions[session_id]
+                    self._count -= 1
+                    if not sessions:
+                        del self._agents[agent_id]
+                    return True
+        return False

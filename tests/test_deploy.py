@@ -273,3 +273,8 @@ def test_dashboard_and_alerts_use_only_exported_metrics(make_sidecar: MakeSideca
     }
     assert used
     assert used <= names, used - names
+    # And the dashboard shows every metric of the sidecar's own.
+    panels = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    ours = {n for n, _ in exported if n.startswith("memory_") and not n.endswith("_created")}
+    assert "memory_change_feed_verified" in ours
+    assert {name for name in ours if name not in panels} == set()

@@ -58,6 +58,7 @@ def same(a: Partition, b: Partition) -> None:
     assert a.findings == b.findings
     assert a.flagged == b.flagged
     assert a.tokens == b.tokens
+    assert a.npostings == b.npostings == sum(len(i) for i, _ in a.postings.values())
 
 
 def text(rng: random.Random) -> str:
