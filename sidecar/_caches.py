@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from typing import Generic, TypeVar
@@ -94,12 +95,15 @@ class LRU(Generic[K, V]):
         *,
         max_weight: int = 0,
         weigh: Callable[[V], int] = lambda item: 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._size = size
         self._max_weight = max_weight
         self._weigh = weigh
+        self._clock = clock
         self._lock = threading.Lock()
-        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        # key -> (item, weight, last used)
+        self._items: OrderedDict[K, tuple[V, int, float]] = OrderedDict()
         self.weight = 0
 
     def __len__(self) -> int:
@@ -110,24 +114,38 @@ class LRU(Generic[K, V]):
             return list(self._items)
 
     def get(self, key: K) -> V | None:
+        now = self._clock()
         with self._lock:
-            entry = self._items.get(key)
+            entry = self._items.pop(key, None)
             if entry is None:
                 return None
-            self._items.move_to_end(key)
+            self._items[key] = (entry[0], entry[1], now)
             return entry[0]
 
     def put(self, key: K, item: V) -> None:
         weight = self._weigh(item)
+        now = self._clock()
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
                 self.weight -= old[1]
-            self._items[key] = (item, weight)
+            self._items[key] = (item, weight, now)
             self.weight += weight
             while len(self._items) > 1 and (
                 len(self._items) > self._size
                 or (self._max_weight and self.weight > self._max_weight)
             ):
-                _, (_, gone) = self._items.popitem(last=False)
+                _, (_, gone, _) = self._items.popitem(last=False)
                 self.weight -= gone
+
+    def expire(self, unused_since: float, keep: Collection[K] = ()) -> int:
+        """Forget entries last used before `unused_since` (except `keep`)."""
+        with self._lock:
+            gone = [
+                key
+                for key, (_, _, used) in self._items.items()
+                if used < unused_since and key not in keep
+            ]
+            for key in gone:
+                self.weight -= self._items.pop(key)[1]
+        return len(gone)

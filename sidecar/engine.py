@@ -158,6 +158,12 @@ class MemoryEngine:
             config.server.partition_cache_size,
             max_weight=config.server.partition_cache_bytes,
             weigh=lambda partition: partition.nbytes,
+            clock=now,
+        )
+        # A cached partition nobody has used for this long is let go (and
+        # with it everything kept for its owner).
+        self._partition_ttl = max(
+            s.session_idle_ttl_seconds for s in (config.defaults, *config.agents.values())
         )
         self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
             weakref.WeakValueDictionary()
@@ -632,10 +638,9 @@ class MemoryEngine:
     def evict_idle(self, now: float | None = None) -> int:
         """Evict idle and surplus sessions, and stop following partitions
         nothing holds any more; the janitor calls this periodically."""
-        evicted = self._sessions.evict_idle(self._now() if now is None else now)
-        live = set(self._partitions.keys())
-        live.update(
-            (p.tier, p.owner) for view in list(self._views.values()) for p in view.partitions
-        )
-        self._generations.retain(live)
+        now = self._now() if now is None else now
+        evicted = self._sessions.evict_idle(now)
+        held = {(p.tier, p.owner) for view in list(self._views.values()) for p in view.partitions}
+        self._partitions.expire(now - self._partition_ttl, keep=held)
+        self._generations.retain(held.union(self._partitions.keys()))
         return evicted

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar import config
-from sidecar.engine import MemoryEngine
+from sidecar.engine import MemoryEngine, Stats
 from sidecar.memory import Scope, Tier
 from sidecar.metrics import Metrics
 from sidecar.sessions import Limits, SessionTable
@@ -77,8 +77,8 @@ def test_idle_sessions_are_evicted_after_the_ttl(make_engine: MakeEngine) -> Non
 
     clock.now = 100
     assert engine.evict_idle() == 2
-    stats = engine.stats()
-    assert (stats.sessions, stats.views, stats.partitions, stats.agents) == (0, 0, 2, 0)
+    # Nothing stays: the partitions idled past the TTL too.
+    assert engine.stats() == Stats(sessions=0, views=0, partitions=0, agents=0, followed=0)
 
 
 def test_sessions_beyond_the_cap_go_least_recently_used_first(make_engine: MakeEngine) -> None:
@@ -101,6 +101,55 @@ def test_sessions_beyond_the_cap_go_least_recently_used_first(make_engine: MakeE
     for n in range(5):
         engine.inject(other, f"w{n}")
     assert engine.stats().sessions == 3 + 5
+
+
+def test_the_total_cap_evicts_the_least_recently_used_agents_session(
+    make_engine: MakeEngine,
+) -> None:
+    engine, clock, metrics = make_engine("server: {max_sessions_total: 3}")
+    agents = [Scope(agent_id=f"agent-{n}") for n in range(4)]
+    for n in range(3):
+        clock.now = n
+        engine.inject(agents[n], "s")
+    clock.now = 3
+    engine.inject(agents[0], "s")  # agent-0 is now the most recently used
+    clock.now = 4
+    engine.inject(agents[3], "s")  # a fourth session pushes out agent-1's
+    assert (engine.stats().sessions, engine.stats().agents) == (3, 3)
+    assert evicted(metrics) == 1
+    for n in (0, 2, 3):
+        assert engine.inject(agents[n], "s").cache_hit
+    assert not engine.inject(agents[1], "s").cache_hit
+
+
+def test_nothing_is_kept_for_agents_whose_sessions_are_gone(make_engine: MakeEngine) -> None:
+    engine, clock, _ = make_engine("defaults: {session_idle_ttl_seconds: 10}")
+    for n in range(200):
+        scope = Scope(agent_id=f"agent-{n}", user_id=f"user-{n}")
+        engine.add(scope, Tier.MEMORY, f"note {n}", "", 1.0)
+        engine.inject(scope, "s")
+        engine.search(scope, "note", list(Tier), limit=5)
+    stats = engine.stats()
+    assert (stats.sessions, stats.agents, stats.views) == (200, 200, 200)
+    assert stats.partitions == stats.followed == 400
+    clock.now = 5
+    engine.evict_idle()
+    assert engine.stats() == stats  # nothing idle yet
+    clock.now = 11
+    assert engine.evict_idle() == 200
+    assert engine.stats() == Stats(sessions=0, views=0, partitions=0, agents=0, followed=0)
+
+
+def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> None:
+    engine, _, metrics = make_engine("server: {partition_cache_bytes: 200000}")
+    for n in range(40):
+        scope = Scope(agent_id=f"agent-{n}")
+        for k in range(10):
+            engine.add(scope, Tier.MEMORY, f"agent {n} knows fact number {k}", "", 1.0)
+        engine.search(scope, "fact", [Tier.MEMORY], limit=5)
+    cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
+    assert cached is not None and 0 < cached <= 200_000
+    assert 0 < engine.stats().partitions < 40
 
 
 def test_a_stale_snapshot_is_rebuilt_once_for_many_concurrent_callers(
