@@ -101,7 +101,7 @@ class ServerSettings:
     # ... and at most about this many bytes of them (ranking.Partition.nbytes).
     partition_cache_bytes: int = 64 * 1024 * 1024
     # Sessions of all agents together; beyond it the least recently used go.
-    max_sessions_total: int = 100_000
+    max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).
     max_content_chars: int = 8192
     max_category_chars: int = 128

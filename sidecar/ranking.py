@@ -209,6 +209,14 @@ class Partition:
         scan: Callable[[Memory], str | None] = lambda m: None,
         count_tokens: Callable[[str], int] = lambda text: len(text) // 4,
     ) -> Partition:
+        if not memories:
+            # Most tiers of most agents are empty: they share every column
+            # (nothing ever writes into one in place), so an empty partition
+            # costs one small object.
+            return cls(
+                tier, owner, generation, (), usage, (), (), _NO_POSTINGS,
+                _NO_WEIGHTS, _NO_WEIGHTS, _NO_INDICES, _NO_FLAGS,
+            )  # fmt: skip
         lists: dict[str, tuple[list[int], list[float]]] = {}
         for index, memory in enumerate(memories):
             for term, weight in term_weights(memory.content):
@@ -518,3 +526,8 @@ def _rank_python(
 
 _NO_INDICES: IntArray = np.array([], dtype=np.int64)
 _NO_WEIGHTS: FloatArray = np.array([], dtype=np.float64)
+for _empty in (_NO_INDICES, _NO_WEIGHTS):
+    _empty.flags.writeable = False
+# Shared by every empty partition: never written (every change copies).
+_NO_POSTINGS: dict[str, tuple[IntArray, FloatArray]] = {}
+_NO_FLAGS: dict[str, str] = {}
