@@ -177,19 +177,35 @@ class Online:
             print("an identical entry exists already:", file=self.out)
         return self._show(response, [response.memory], [response.usage])
 
+    def pages(self, method: str, request: Any, field: str) -> Any:
+        """Every page of a paged call, merged into one response: the server
+        keeps each page under its response limit, however long the list."""
+        merged = None
+        while True:
+            response = self.call(method, request)
+            if merged is None:
+                merged = response
+            else:
+                getattr(merged, field).extend(getattr(response, field))
+            if not response.next_page_token:
+                merged.next_page_token = ""
+                return merged
+            request.page_token = response.next_page_token
+
     def do_list(self) -> int:
-        response = self.call(
+        response = self.pages(
             "GetMemories",
             pb.GetMemoriesRequest(
                 scope=self.scope, tier=TIERS[self.args.tier], category=self.args.category
             ),
+            "memories",
         )
         if not self.args.json and not response.memories:
             print("no memories in this scope", file=self.out)
         return self._show(response, list(response.memories), list(response.usage))
 
     def do_search(self) -> int:
-        response = self.call(
+        response = self.pages(
             "SearchMemories",
             pb.SearchMemoriesRequest(
                 scope=self.scope,
@@ -199,6 +215,7 @@ class Online:
                 limit=self.args.limit,
                 match_all=self.args.all,
             ),
+            "hits",
         )
         if self.args.json:
             emit_json(_as_dict(response), self.out)
@@ -229,7 +246,8 @@ class Online:
         return self._show(response, [response.memory], [response.usage])
 
     def do_usage(self) -> int:
-        response = self.call("GetMemories", pb.GetMemoriesRequest(scope=self.scope))
+        # Usage comes with every page: the smallest page will do.
+        response = self.call("GetMemories", pb.GetMemoriesRequest(scope=self.scope, page_size=1))
         if self.args.json:
             emit_json({"usage": _as_dict(response)["usage"]}, self.out)
             return 0

@@ -111,6 +111,8 @@ class ServerSettings:
     max_recent_messages: int = 64
     max_keywords: int = 128
     max_request_bytes: int = 4 * 1024 * 1024
+    # The largest response sent: gRPC clients refuse bigger ones by default.
+    max_response_bytes: int = 4 * 1024 * 1024
     # Access to the API listener.
     auth_token_file: str = ""
     insecure: bool = False
@@ -130,6 +132,7 @@ class ServerSettings:
             message_chars=self.max_message_chars,
             recent_messages=self.max_recent_messages,
             keywords=self.max_keywords,
+            response_bytes=self.max_response_bytes,
         )
 
 
@@ -199,6 +202,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_recent_messages": _at_least(0),
     "max_keywords": _at_least(0),
     "max_request_bytes": _at_least(1024),
+    "max_response_bytes": _at_least(64 * 1024),
     "keyword_llm_timeout_seconds": _between(0.05, 120),
     "keyword_llm_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"

@@ -361,9 +361,15 @@ class MemoryEngine:
     # --- reads --------------------------------------------------------------
 
     def list_memories(
-        self, scope: Scope, tiers: Sequence[Tier], category: str
+        self,
+        scope: Scope,
+        tiers: Sequence[Tier],
+        category: str,
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
-        return self._store.list_memories(scope, tiers, category)
+        return self._store.list_memories(scope, tiers, category, after_seq=after_seq, limit=limit)
 
     def search(
         self,

@@ -53,6 +53,14 @@ class FailedPrecondition(SidecarError):
     default_reason = "FAILED_PRECONDITION"
 
 
+class ResourceExhausted(SidecarError):
+    """An answer too large to send (a request too large never reaches us:
+    gRPC refuses it first, without details)."""
+
+    code = "RESOURCE_EXHAUSTED"
+    default_reason = "RESPONSE_TOO_LARGE"
+
+
 class Unimplemented(SidecarError):
     code = "UNIMPLEMENTED"
     default_reason = "NOT_IMPLEMENTED"

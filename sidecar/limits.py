@@ -29,6 +29,8 @@ class Limits:
     message_chars: int
     recent_messages: int
     keywords: int
+    # Not a request field: the largest response the service sends.
+    response_bytes: int = 4 * 1024 * 1024
 
 
 def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> str:

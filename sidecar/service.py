@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import tokens
+from sidecar import paging, tokens
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import AgentSettings
@@ -28,6 +28,8 @@ _TIER_TO_PB = {Tier.MEMORY: pb.TIER_MEMORY, Tier.USER: pb.TIER_USER}
 _PB_TO_TIER: dict[int, Tier] = {int(v): k for k, v in _TIER_TO_PB.items()}
 DEFAULT_SEARCH_LIMIT = 20
 MAX_SEARCH_LIMIT = 1000
+# GetMemories' largest page (and its default): AIP-158's usual 1000.
+MAX_PAGE_SIZE = 1000
 
 
 def _tier_number(value: int) -> int:
@@ -209,12 +211,28 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         scope = self._scope(request.scope)
         tiers = read_tiers(request.tier)
         category = self._category(request.category)
-        memories, usage = self._engine.list_memories(scope, tiers, category)
-        settings = self._engine.settings(scope)
-        return pb.GetMemoriesResponse(
-            memories=[memory_pb(m) for m in memories],
-            usage=[usage_pb(tier, usage[tier], settings) for tier in tiers],
+        size = paging.page_size(request.page_size, default=MAX_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
+        bound_to = paging.digest(scope, tiers, category)
+        after = paging.decode(request.page_token, "list", bound_to)
+        # One more than the page holds: whether another page follows.
+        memories, usage = self._engine.list_memories(
+            scope, tiers, category, after_seq=after, limit=size + 1
         )
+        settings = self._engine.settings(scope)
+        response = pb.GetMemoriesResponse(
+            usage=[usage_pb(tier, usage[tier], settings) for tier in tiers]
+        )
+        budget = paging.Budget(self._limits.response_bytes, response)
+        taken = 0
+        for memory in memories[:size]:
+            item = memory_pb(memory)
+            if not budget.take(item) and taken:
+                break
+            response.memories.append(item)
+            taken += 1
+        if taken < len(memories):
+            response.next_page_token = paging.encode("list", bound_to, memories[taken - 1].seq)
+        return response
 
     def SearchMemories(
         self, request: pb.SearchMemoriesRequest, context: Any
@@ -224,12 +242,24 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         query = checked("query", request.query, self._limits.query_chars, multiline=True)
         category = self._category(request.category)
         limit = _bounded("limit", request.limit, MAX_SEARCH_LIMIT) or DEFAULT_SEARCH_LIMIT
+        size = paging.page_size(request.page_size, default=limit, maximum=MAX_SEARCH_LIMIT)
+        bound_to = paging.digest(scope, tiers, query, category, limit, request.match_all)
+        offset = paging.decode(request.page_token, "search", bound_to)
         hits = self._engine.search(
             scope, query, tiers, category=category, limit=limit, match_all=request.match_all
         )
-        return pb.SearchMemoriesResponse(
-            hits=[pb.SearchHit(memory=memory_pb(m), score=score) for m, score in hits]
-        )
+        response = pb.SearchMemoriesResponse()
+        budget = paging.Budget(self._limits.response_bytes, response)
+        end = offset
+        for memory, score in hits[offset : offset + size]:
+            hit = pb.SearchHit(memory=memory_pb(memory), score=score)
+            if not budget.take(hit) and end > offset:
+                break
+            response.hits.append(hit)
+            end += 1
+        if end < len(hits):
+            response.next_page_token = paging.encode("search", bound_to, end)
+        return response
 
     def InjectForTurn(
         self, request: pb.InjectForTurnRequest, context: Any
@@ -287,6 +317,15 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         response.injected_memory_ids.extend(turn.turn_memory_ids)
         response.turn_context_tokens = turn.turn_tokens
         response.usage.extend(_usage_pb_cached(tier, turn.usage[tier], settings) for tier in Tier)
+        # Only a frozen block near the limit (a tier budget of megabytes) can
+        # make a turn too large; measuring every turn would cost the cached path.
+        if len(turn.system_block) * 4 + len(turn.turn_context) * 4 > self._limits.response_bytes:
+            paging.refuse_if_too_large(
+                response,
+                self._limits.response_bytes,
+                "InjectForTurn answer",
+                "lower the tiers' char limits or max_injection_tokens",
+            )
         return response
 
     def NotifyCompaction(

@@ -262,12 +262,20 @@ class Store:
                 counts[(Tier(tier), owner)] = int(count)
             return counts
 
-    def dump(self) -> Iterator[tuple[str, Memory]]:
-        """Every entry as (owner, memory), in insertion order, read in one snapshot."""
+    def dump(self, batch: int = 1000) -> Iterator[tuple[str, Memory]]:
+        """Every entry as (owner, memory), in insertion order, read in one
+        snapshot, `batch` rows at a time (a driver may hold a whole result
+        in memory: a million-entry store would)."""
         Row = self._rows
+        after = 0
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
-            for row in Row.select().order_by(Row.seq).iterator():
-                yield row.owner, _to_memory(row)
+            while True:
+                rows = list(Row.select().where(Row.seq > after).order_by(Row.seq).limit(batch))
+                for row in rows:
+                    yield row.owner, _to_memory(row)
+                if len(rows) < batch:
+                    return
+                after = rows[-1].seq
 
     def restore(self, entries: Iterable[tuple[str, Memory]]) -> tuple[int, list[str]]:
         """Insert entries exactly as given, in one transaction.
@@ -530,18 +538,28 @@ class Store:
     # --- reads --------------------------------------------------------------
 
     def list_memories(
-        self, scope: Scope, tiers: Collection[Tier], category: str = ""
+        self,
+        scope: Scope,
+        tiers: Collection[Tier],
+        category: str = "",
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
-        """Entries of the given tiers in insertion order, and each tier's usage.
+        """Entries of the given tiers in insertion order, and each tier's usage:
+        the first `limit` entries after `after_seq` (a page), or all of them.
 
         One read transaction, so the list and the usage agree.
         """
         Row = self._rows
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
-            query = Row.select().where(_scope_clause(Row, scope, tiers))
+            query = Row.select().where(_scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
             if category:
                 query = query.where(Row.category == category)
-            memories = [_to_memory(row) for row in query.order_by(Row.seq)]
+            query = query.order_by(Row.seq)
+            if limit is not None:
+                query = query.limit(limit)
+            memories = [_to_memory(row) for row in query]
             usage = self._usages(scope, tiers)
         return memories, usage
 

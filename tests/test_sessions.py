@@ -148,7 +148,8 @@ def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> Non
             engine.add(scope, Tier.MEMORY, f"agent {n} knows fact number {k}", "", 1.0)
         engine.search(scope, "fact", [Tier.MEMORY], limit=5)
     cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
-    assert cached is not None and 0 < cached <= 200_000
+    assert cached is not None
+    assert 0 < cached <= 200_000
     assert 0 < engine.stats().partitions < 40
 
 

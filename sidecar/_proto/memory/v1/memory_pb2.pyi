@@ -142,38 +142,48 @@ class DeleteMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
 
 class GetMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "tier", "category")
+    __slots__ = ("scope", "tier", "category", "page_size", "page_token")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     category: str
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class GetMemoriesResponse(_message.Message):
-    __slots__ = ("memories", "usage")
+    __slots__ = ("memories", "usage", "next_page_token")
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
     usage: _containers.RepeatedCompositeFieldContainer[TierUsage]
-    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SearchMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "query", "tier", "category", "limit", "match_all")
+    __slots__ = ("scope", "query", "tier", "category", "limit", "match_all", "page_size", "page_token")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MATCH_ALL_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     query: str
     tier: Tier
     category: str
     limit: int
     match_all: bool
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., query: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., limit: _Optional[int] = ..., match_all: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., query: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., limit: _Optional[int] = ..., match_all: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("memory", "score")
@@ -184,10 +194,12 @@ class SearchHit(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SearchMemoriesResponse(_message.Message):
-    __slots__ = ("hits",)
+    __slots__ = ("hits", "next_page_token")
     HITS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
-    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class InjectForTurnRequest(_message.Message):
     __slots__ = ("scope", "session_id", "user_message", "recent_messages", "keywords", "strategy", "max_memories", "max_tokens")
