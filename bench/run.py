@@ -530,11 +530,45 @@ def bench_memory(report: Report, work: Path, corpus: Corpus, many: int) -> None:
                 f"{per:,.0f} bytes per additional session",
             ]
         )
+    # Every session a new agent (empty tiers): each brings its own snapshot.
+    # With the total cap at half of them, the second half replaces the first.
+    db = work / "agents.db"
+    populate(db, {})
+    for cap in (2 * many, many // 2):
+        with (
+            daemon(db, f"server: {{max_sessions_total: {cap}}}\n") as d,
+            grpc.insecure_channel(d.api) as channel,
+        ):
+            stub = pb_grpc.MemoryServiceStub(channel)
+
+            def agents(first: int, last: int) -> None:
+                for i in range(first, last):
+                    stub.InjectForTurn(
+                        pb.InjectForTurnRequest(
+                            scope=pb.Scope(agent_id=f"new-agent-{i}"), session_id="s"
+                        ),
+                        timeout=10,
+                    )
+
+            agents(0, 100)
+            before = d.rss_bytes()
+            agents(100, many)
+            after = d.rss_bytes()
+            sessions = d.metric("memory_sessions_active")
+        rows.append(
+            [
+                f"{many:,} new agents, one session each, max_sessions_total {cap:,}",
+                f"{after / 2**20:,.1f} MiB",
+                f"{(after - before) / (many - 100):,.0f} bytes per additional agent; "
+                f"{sessions:,.0f} sessions kept",
+            ]
+        )
     report.add(
         "7. Resident memory",
         "The daemon's VmRSS as sessions open, spread over 100 scopes of 3 memories each "
-        "(sessions of a scope share one snapshot). Target: under 2 KiB per additional "
-        "session.",
+        "(sessions of a scope share one snapshot); then sessions each of a new agent "
+        "(empty tiers), first under the total cap, then with the cap at half their number. "
+        "Target: at most 500 bytes per additional session.",
         ["state", "resident", "growth"],
         rows,
     )

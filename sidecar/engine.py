@@ -67,6 +67,8 @@ class View:
     sha256: str
     shown_ids: tuple[str, ...]
     system_tokens: int
+    # Equal for views that answer with the same frozen block.
+    content_key: tuple[object, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,14 +477,19 @@ class MemoryEngine:
                     )
                 )
         text = blocks.system_block(parts)
+        generation = max(p.generation for p in partitions)
+        sha256 = hashlib.sha256(text.encode()).hexdigest()
+        shown_ids = tuple(m.id for part in parts if part for m in part.shown)
+        system_tokens = self.tokens.count(text)
         return View(
             scope=scope,
             partitions=partitions,
-            generation=max(p.generation for p in partitions),
+            generation=generation,
             system_block=text,
-            sha256=hashlib.sha256(text.encode()).hexdigest(),
-            shown_ids=tuple(m.id for part in parts if part for m in part.shown),
-            system_tokens=self.tokens.count(text),
+            sha256=sha256,
+            shown_ids=shown_ids,
+            system_tokens=system_tokens,
+            content_key=(sha256, generation, system_tokens, shown_ids),
         )
 
     # --- turns --------------------------------------------------------------

@@ -7,17 +7,17 @@ sidecar.interceptors; nothing here builds a status itself.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar import paging, tokens
+from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import AgentSettings
-from sidecar.engine import MemoryEngine, View
+from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
@@ -28,6 +28,7 @@ _TIER_TO_PB = {Tier.MEMORY: pb.TIER_MEMORY, Tier.USER: pb.TIER_USER}
 _PB_TO_TIER: dict[int, Tier] = {int(v): k for k, v in _TIER_TO_PB.items()}
 DEFAULT_SEARCH_LIMIT = 20
 MAX_SEARCH_LIMIT = 1000
+FROZEN_CACHE_SIZE = 4096
 # GetMemories' largest page (and its default): AIP-158's usual 1000.
 MAX_PAGE_SIZE = 1000
 
@@ -124,9 +125,10 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
         self._limits = limits
-        self._frozen: weakref.WeakKeyDictionary[View, pb.InjectForTurnResponse] = (
-            weakref.WeakKeyDictionary()
-        )
+        # The frozen half of InjectForTurn answers, by what they hold: views
+        # that render the same (every empty scope's, say) share one message,
+        # which costs about a kilobyte.
+        self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
 
     # --- request fields -----------------------------------------------------
 
@@ -299,7 +301,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         settings = self._engine.settings(scope)
         # The frozen half of the answer is the same for every turn served from
         # one snapshot: built once, copied (in C) per turn.
-        frozen = self._frozen.get(turn.snapshot)
+        key = turn.snapshot.content_key
+        frozen = self._frozen.get(key)
         if frozen is None:
             frozen = pb.InjectForTurnResponse(
                 system_block=turn.system_block,
@@ -309,7 +312,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
                 system_block_tokens=turn.system_tokens,
                 token_counter=_COUNTERS[turn.token_counter],
             )
-            self._frozen[turn.snapshot] = frozen
+            self._frozen.put(key, frozen)
         response = pb.InjectForTurnResponse()
         response.CopyFrom(frozen)
         response.cache_hit = turn.cache_hit
