@@ -86,7 +86,8 @@ class LRU(Generic[K, V]):
     """A bounded mapping that forgets its least recently used entries first.
 
     Bounded by count and, with `weigh`, by total weight (bytes): the newest
-    entry always stays, however heavy.
+    entry always stays, however heavy, and so does a single entry heavier
+    than the whole budget (see _victim).
     """
 
     def __init__(
@@ -135,8 +136,23 @@ class LRU(Generic[K, V]):
                 len(self._items) > self._size
                 or (self._max_weight and self.weight > self._max_weight)
             ):
-                _, (_, gone, _) = self._items.popitem(last=False)
-                self.weight -= gone
+                victim = self._victim(key)
+                if victim is None:
+                    break
+                self.weight -= self._items.pop(victim)[1]
+
+    def _victim(self, newest: K) -> K | None:
+        """The entry to evict: the least recently used, except that the one
+        entry heavier than the whole budget goes last. Evicting it first
+        would only reload it at its next use, every use: a tier larger than
+        the budget would thrash instead of being served."""
+        oldest = next(iter(self._items))
+        if len(self._items) <= self._size and self._max_weight:
+            giants = [k for k, (_, w, _) in self._items.items() if w > self._max_weight]
+            if giants == [oldest]:
+                others = [k for k in self._items if k not in (oldest, newest)]
+                return others[0] if others else None
+        return oldest
 
     def expire(self, unused_since: float, keep: Collection[K] = ()) -> int:
         """Forget entries last used before `unused_since` (except `keep`)."""

@@ -99,7 +99,7 @@ class ServerSettings:
     log_level: str = "info"
     partition_cache_size: int = 4096
     # ... and at most about this many bytes of them (ranking.Partition.nbytes).
-    partition_cache_bytes: int = 64 * 1024 * 1024
+    partition_cache_bytes: int = 128 * 1024 * 1024
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).

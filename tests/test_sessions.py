@@ -153,6 +153,37 @@ def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> Non
     assert 0 < engine.stats().partitions < 40
 
 
+def test_a_tier_larger_than_the_cache_budget_is_not_reloaded_every_time(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, metrics = make_engine(
+        "server: {partition_cache_bytes: 50000}\ndefaults: {memory_char_limit: 0}"
+    )
+    big = Scope(agent_id="big", user_id="ada")
+    for k in range(200):
+        engine.add(big, Tier.MEMORY, f"big fact number {k} about the deploy", "", 1.0)
+    # Searching both tiers caches the big tier (over the budget) and then the
+    # small user tier: the big one must stay, or every search reloads it.
+    engine.search(big, "deploy", list(Tier), limit=5)
+
+    def selects() -> float:
+        return (
+            metrics.registry.get_sample_value("memory_db_queries_total", {"operation": "select"})
+            or 0.0
+        )
+
+    before = selects()
+    for _ in range(5):
+        engine.search(big, "deploy", list(Tier), limit=5)
+    assert selects() == before
+    # Small tiers of other agents come and go around it; it stays.
+    for n in range(5):
+        engine.search(Scope(agent_id=f"small-{n}"), "x", [Tier.MEMORY], limit=5)
+    cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
+    assert cached is not None
+    assert cached > 50_000
+
+
 def test_a_stale_snapshot_is_rebuilt_once_for_many_concurrent_callers(
     make_engine: MakeEngine,
 ) -> None:
