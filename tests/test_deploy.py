@@ -93,11 +93,32 @@ def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
     assert volumes["config"]["configMap"]["name"] == by_kind("ConfigMap")["metadata"]["name"]
 
 
-@pytest.mark.parametrize(
+# Both examples' pod specs: the single pod and the Deployment's template.
+POD_SPECS = pytest.mark.parametrize(
     "spec",
     [by_kind("Pod")["spec"], by_kind("Deployment", REPLICAS)["spec"]["template"]["spec"]],
     ids=["pod", "replicas"],
 )
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+@POD_SPECS
+def test_the_memory_limit_holds_the_tier_size_the_docs_promise(spec: dict[str, Any]) -> None:
+    figures = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    assert figures["mode"] == "full", "commit a full `make bench` run"
+    (sidecar,) = spec["initContainers"]
+    limit = _mebibytes(sidecar["resources"]["limits"]["memory"])
+    promised = "100000"  # deploy/README.md: "The 256Mi limit holds one tier of 100,000"
+    assert "holds one tier of 100,000" in (DEPLOY / "README.md").read_text()
+    needed = figures["idle_rss_mib"] + figures["tier_rss_growth_mib"][promised]
+    assert limit >= needed, f"{limit} MiB limit, {needed} MiB measured"
+
+
+@POD_SPECS
 def test_every_container_is_locked_down_and_sized(spec: dict[str, Any]) -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
