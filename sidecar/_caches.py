@@ -33,8 +33,9 @@ class Generations:
     def __len__(self) -> int:
         return len(self._of)
 
-    def current(self, key: object) -> int:
-        return self._of.get(key, 0)
+    def current(self, key: object) -> int | None:
+        """The newest generation known, or None for a partition not followed."""
+        return self._of.get(key)
 
     def track(self, key: object) -> None:
         """Start following a partition (before reading it from the database)."""
@@ -86,8 +87,8 @@ class LRU(Generic[K, V]):
     """A bounded mapping that forgets its least recently used entries first.
 
     Bounded by count and, with `weigh`, by total weight (bytes): the newest
-    entry always stays, however heavy, and so does a single entry heavier
-    than the whole budget (see _victim).
+    entry always stays, however heavy, and so does the latest entry heavier
+    than the whole budget (see put).
     """
 
     def __init__(
@@ -106,6 +107,8 @@ class LRU(Generic[K, V]):
         # key -> (item, weight, last used)
         self._items: OrderedDict[K, tuple[V, int, float]] = OrderedDict()
         self.weight = 0
+        # The latest entry heavier than the whole budget, kept outside it.
+        self._giant: K | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -132,27 +135,24 @@ class LRU(Generic[K, V]):
                 self.weight -= old[1]
             self._items[key] = (item, weight, now)
             self.weight += weight
-            while len(self._items) > 1 and (
-                len(self._items) > self._size
-                or (self._max_weight and self.weight > self._max_weight)
-            ):
-                victim = self._victim(key)
+            if self._max_weight and weight > self._max_weight:
+                self._giant = key
+            while len(self._items) > 1 and (len(self._items) > self._size or self._over_budget()):
+                # Least recently used first, but never the entry just put nor
+                # the giant: evicting an entry heavier than the whole budget
+                # would only reload it at its next use, every use.
+                victim = next((k for k in self._items if k not in (key, self._giant)), None)
                 if victim is None:
                     break
                 self.weight -= self._items.pop(victim)[1]
 
-    def _victim(self, newest: K) -> K | None:
-        """The entry to evict: the least recently used, except that the one
-        entry heavier than the whole budget goes last. Evicting it first
-        would only reload it at its next use, every use: a tier larger than
-        the budget would thrash instead of being served."""
-        oldest = next(iter(self._items))
-        if len(self._items) <= self._size and self._max_weight:
-            giants = [k for k, (_, w, _) in self._items.items() if w > self._max_weight]
-            if giants == [oldest]:
-                others = [k for k in self._items if k not in (oldest, newest)]
-                return others[0] if others else None
-        return oldest
+    def _over_budget(self) -> bool:
+        """Whether the entries besides the giant pass the budget: the cache
+        holds at most the budget plus one giant."""
+        if not self._max_weight:
+            return False
+        giant = self._items.get(self._giant) if self._giant is not None else None
+        return self.weight - (giant[1] if giant else 0) > self._max_weight
 
     def expire(self, unused_since: float, keep: Collection[K] = ()) -> int:
         """Forget entries last used before `unused_since` (except `keep`)."""

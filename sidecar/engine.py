@@ -245,7 +245,10 @@ class MemoryEngine:
             self._generations.observe(key, generation)
 
     def _is_fresh(self, partition: Partition) -> bool:
-        return partition.generation >= self._generations.current((partition.tier, partition.owner))
+        # A partition whose generation is no longer followed cannot be
+        # trusted (news of other processes' writes to it was not kept).
+        newest = self._generations.current((partition.tier, partition.owner))
+        return newest is not None and partition.generation >= newest
 
     def _annotations(self) -> dict[str, Any]:
         return {"scan": _finding, "count_tokens": self.tokens.count}
@@ -410,18 +413,19 @@ class MemoryEngine:
                 return cached
             # Followed from before the read: news of a write committed after
             # the read is then kept, and marks what is loaded here stale.
+            # Pinned until cached, so the janitor cannot forget it in between.
             with self._generations.loading(key):
                 loaded = self._store.tier_entries(*key)
                 self._generations.observe(key, loaded.generation)
-            partition = Partition.build(
-                key[0],
-                key[1],
-                loaded.generation,
-                loaded.memories,
-                loaded.usage,
-                **self._annotations(),
-            )
-            self._partitions.put(key, partition)
+                partition = Partition.build(
+                    key[0],
+                    key[1],
+                    loaded.generation,
+                    loaded.memories,
+                    loaded.usage,
+                    **self._annotations(),
+                )
+                self._partitions.put(key, partition)
             return partition
 
     def _is_current(self, view: View) -> bool:
@@ -653,7 +657,11 @@ class MemoryEngine:
         nothing holds any more; the janitor calls this periodically."""
         now = self._now() if now is None else now
         evicted = self._sessions.evict_idle(now)
-        held = {(p.tier, p.owner) for view in list(self._views.values()) for p in view.partitions}
+        # Views still in use: the shared ones, and any a session still holds
+        # (a cached turn touches neither the LRU nor its partitions' keys).
+        views = [view for ref in self._views.valuerefs() if (view := ref()) is not None]
+        views += self._sessions.views()
+        held = {(p.tier, p.owner) for view in views for p in view.partitions}
         self._partitions.expire(now - self._partition_ttl, keep=held)
         self._generations.retain(held.union(self._partitions.keys()))
         return evicted

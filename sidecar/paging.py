@@ -22,6 +22,9 @@ from typing import Any
 from sidecar.errors import InvalidArgument, ResourceExhausted
 
 _VERSION = 1
+# Tokens this module issues are far shorter; positions are 64-bit seqs.
+_MAX_TOKEN_CHARS = 256
+_MAX_POSITION = 2**63 - 1
 
 
 def digest(*fields: object) -> str:
@@ -38,12 +41,18 @@ def decode(token: str, kind: str, bound_to: str) -> int:
     """The position a token points at; 0 for no token (the first page)."""
     if not token:
         return 0
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        version, token_kind, token_digest, position = json.loads(raw)
-        valid = version == _VERSION and isinstance(position, int) and position >= 0
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        valid = False
+    valid = False
+    if len(token) <= _MAX_TOKEN_CHARS:
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            version, token_kind, token_digest, position = json.loads(raw)
+            valid = (
+                version == _VERSION
+                and type(position) is int  # not a bool
+                and 0 <= position <= _MAX_POSITION
+            )
+        except (binascii.Error, ValueError, TypeError, RecursionError):
+            valid = False
     if not valid:
         raise InvalidArgument(
             "page_token is not a token this server issued; "
@@ -94,10 +103,11 @@ class Budget:
     def __init__(self, max_bytes: int, response: Any) -> None:
         self.left = max_bytes - int(response.ByteSize()) - self._RESERVE
 
-    def take(self, message: Any) -> bool:
-        """Whether the message still fits; if so, it is counted."""
+    def take(self, message: Any, *, first: bool = False) -> bool:
+        """Whether the message still fits (a page's first always does, or a
+        page could be empty with more to come); if so, it is counted."""
         size = entry_size(message)
-        if size > self.left:
+        if size > self.left and not first:
             return False
         self.left -= size
         return True

@@ -160,7 +160,11 @@ class Sidecar:
         ]
         interval = min(60.0, max(1.0, min(ttls) / 2))
         while not self._stopped.wait(interval):
-            self.engine.evict_idle()
+            try:
+                self.engine.evict_idle()
+            except Exception:
+                # A janitor that dies stops every eviction by age; keep sweeping.
+                log.exception("session sweep failed; trying again in %.0f s", interval)
 
     def start(self) -> Addresses:
         """Bind every listener, start serving, and report SERVING.

@@ -29,6 +29,8 @@ _PB_TO_TIER: dict[int, Tier] = {int(v): k for k, v in _TIER_TO_PB.items()}
 DEFAULT_SEARCH_LIMIT = 20
 MAX_SEARCH_LIMIT = 1000
 FROZEN_CACHE_SIZE = 4096
+# Beyond its texts and ids, an InjectForTurn answer holds counts and usage.
+_INJECT_MARGIN = 64 * 1024
 # GetMemories' largest page (and its default): AIP-158's usual 1000.
 MAX_PAGE_SIZE = 1000
 
@@ -228,7 +230,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         taken = 0
         for memory in memories[:size]:
             item = memory_pb(memory)
-            if not budget.take(item) and taken:
+            if not budget.take(item, first=not taken):
                 break
             response.memories.append(item)
             taken += 1
@@ -255,7 +257,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         end = offset
         for memory, score in hits[offset : offset + size]:
             hit = pb.SearchHit(memory=memory_pb(memory), score=score)
-            if not budget.take(hit) and end > offset:
+            if not budget.take(hit, first=end == offset):
                 break
             response.hits.append(hit)
             end += 1
@@ -322,7 +324,15 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         response.usage.extend(_usage_pb_cached(tier, turn.usage[tier], settings) for tier in Tier)
         # Only a frozen block near the limit (a tier budget of megabytes) can
         # make a turn too large; measuring every turn would cost the cached path.
-        if len(turn.system_block) * 4 + len(turn.turn_context) * 4 > self._limits.response_bytes:
+        # An upper bound, cheap to take: 4 bytes a character, an id at most
+        # max_id_chars, and a margin for counts and usage.
+        ids = len(turn.system_memory_ids) + len(turn.turn_memory_ids)
+        bound = (
+            4 * (len(turn.system_block) + len(turn.turn_context))
+            + ids * (4 * self._limits.id_chars + 4)
+            + _INJECT_MARGIN
+        )
+        if bound > self._limits.response_bytes:
             paging.refuse_if_too_large(
                 response,
                 self._limits.response_bytes,

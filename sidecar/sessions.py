@@ -133,6 +133,16 @@ class SessionTable(Generic[V]):
                 del self._agents[agent_id]
             return True
 
+    def views(self) -> list[V]:
+        """The views sessions hold (for the janitor: a scan of every session)."""
+        with self._lock:
+            return [
+                s.view
+                for sessions in self._agents.values()
+                for s in sessions.values()
+                if s.view is not None
+            ]
+
     def evict_idle(self, now: float) -> int:
         """Evict every session idle past its agent's TTL or over its cap."""
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import string
@@ -88,6 +89,15 @@ def test_page_tokens_are_bound_to_their_request(make_sidecar: MakeSidecar) -> No
     other = pb.Scope(agent_id="writer", user_id="ada")
     assert refused(scope=other, page_token=token) == "PAGE_TOKEN_MISMATCH"
     assert refused(scope=SCOPE, page_token="not-a-token") == "PAGE_TOKEN_INVALID"
+    # Forged tokens (a position past 64 bits, a boolean, deep nesting, a
+    # very long one) are refused as invalid, not failed on.
+    bound_to = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))[2]
+    for forged in ([1, "list", bound_to, 2**70], [1, "list", bound_to, True], [[[[[]]]]] * 4):
+        raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode()
+        assert refused(scope=SCOPE, page_token=raw) == "PAGE_TOKEN_INVALID"
+    deep = base64.urlsafe_b64encode(b"[" * 100 + b"]" * 100).decode()
+    assert refused(scope=SCOPE, page_token=deep) == "PAGE_TOKEN_INVALID"
+    assert refused(scope=SCOPE, page_token="A" * 10_000) == "PAGE_TOKEN_INVALID"
     assert refused(scope=SCOPE, page_size=-1) == "PAGE_SIZE_OUT_OF_RANGE"
     # A search token does not page a list.
     search = running.stub.SearchMemories(

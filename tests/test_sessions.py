@@ -176,12 +176,36 @@ def test_a_tier_larger_than_the_cache_budget_is_not_reloaded_every_time(
     for _ in range(5):
         engine.search(big, "deploy", list(Tier), limit=5)
     assert selects() == before
-    # Small tiers of other agents come and go around it; it stays.
-    for n in range(5):
-        engine.search(Scope(agent_id=f"small-{n}"), "x", [Tier.MEMORY], limit=5)
-    cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
-    assert cached is not None
-    assert cached > 50_000
+    # Small tiers of other agents are cached within the budget beside it.
+    smalls = [Scope(agent_id=f"small-{n}") for n in range(3)]
+    for scope in smalls:
+        engine.add(scope, Tier.MEMORY, "a small note", "", 1.0)
+        engine.search(scope, "note", [Tier.MEMORY], limit=5)
+    before = selects()
+    for scope in [*smalls, big]:
+        engine.search(scope, "note", [Tier.MEMORY], limit=5)
+    assert selects() == before
+
+
+def test_a_session_holding_an_older_view_still_hears_of_remote_writes(
+    make_engine: MakeEngine,
+) -> None:
+    engine, clock, _ = make_engine("defaults: {session_idle_ttl_seconds: 10}")
+    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.inject(SCOPE, "a")
+    # Another session of the scope compacts: its rebuilt view replaces the
+    # shared one, and ends; session "a" keeps the older view.
+    engine.inject(SCOPE, "b")
+    engine.notify_compaction(SCOPE, "b")
+    engine.inject(SCOPE, "b")
+    engine.end_session(SCOPE, "b")
+    clock.now = 9
+    assert engine.inject(SCOPE, "a").cache_hit
+    clock.now = 15  # the partitions' last load is past the TTL; "a" is not
+    engine.evict_idle()
+    # Another process writes the tier (what the change feed reports).
+    engine._heard(SCOPE.agent_id, Tier.MEMORY.value, 10**9)
+    assert not engine.inject(SCOPE, "a").cache_hit
 
 
 def test_a_stale_snapshot_is_rebuilt_once_for_many_concurrent_callers(
