@@ -25,6 +25,10 @@ class ChatServer:
     reply: str = "dogs, shelter"
     status: int = 200
     delay: float = 0.0
+    # Seconds between bytes of the reply body: an endpoint that trickles.
+    trickle: float = 0.0
+    # Set when the client hung up before the whole reply was sent.
+    cut_off: threading.Event = field(default_factory=threading.Event)
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
 
@@ -55,7 +59,16 @@ class ChatServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if not server.trickle:
+                    self.wfile.write(payload)
+                    return
+                try:
+                    for byte in payload:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(server.trickle)
+                except OSError:
+                    server.cut_off.set()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -186,3 +199,17 @@ def test_the_api_key_variable_must_be_set(make_sidecar: MakeSidecar) -> None:
             "defaults: {keyword_llm_base_url: 'http://x/v1', keyword_llm_model: m,"
             " keyword_llm_api_key_env: KEYWORD_API_KEY}"
         )
+
+
+def test_the_timeout_bounds_the_whole_call_not_each_read(
+    make_sidecar: MakeSidecar, chat: ChatServer
+) -> None:
+    # Every byte arrives well within the timeout, the whole reply (~200
+    # bytes, 0.05 s apart) takes ten seconds: the call gives up at the
+    # deadline, hangs up, and the turn falls back to local keywords.
+    chat.trickle = 0.05
+    running = llm_sidecar(make_sidecar, chat, timeout=0.5)
+    turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert fallbacks(running, "timeout") == 1
+    assert "Melanie paints" in turn.turn_context
+    assert chat.cut_off.wait(10)
