@@ -25,6 +25,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar, overload
 
 import numpy as np
@@ -44,9 +45,33 @@ FloatArray = npt.NDArray[np.float64]
 TermWeights = tuple[tuple[str, float], ...]
 
 
-def term_weights(content: str) -> TermWeights:
-    """An entry's BM25 term weights: tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / ref))."""
-    counts = Counter(terms(content))
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+
+
+def date_terms(moment: datetime) -> list[str]:
+    """The month and year an entry was written, as index terms: "what
+    happened in July 2023" finds what was noted then."""
+    return terms(f"{_MONTHS[moment.month - 1]} {moment.year}")
+
+
+def term_weights(memory: Memory) -> TermWeights:
+    """An entry's BM25 term weights, over its content's terms and the month
+    and year it was created: tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / ref))."""
+    counts = Counter(terms(memory.content))
+    counts.update(date_terms(memory.created_at))
     norm = K1 * (1 - B + B * sum(counts.values()) / REFERENCE_LENGTH)
     return tuple((term, tf * (K1 + 1) / (tf + norm)) for term, tf in counts.items())
 
@@ -219,7 +244,7 @@ class Partition:
             )  # fmt: skip
         lists: dict[str, tuple[list[int], list[float]]] = {}
         for index, memory in enumerate(memories):
-            for term, weight in term_weights(memory.content):
+            for term, weight in term_weights(memory):
                 indices, values = lists.setdefault(term, ([], []))
                 indices.append(index)
                 values.append(weight)
@@ -271,7 +296,7 @@ class Partition:
         # the columns grow in place past this partition's end; readers of
         # this partition keep seeing it unchanged.
         postings = dict(self.postings)
-        weights = term_weights(memory.content)
+        weights = term_weights(memory)
         for term, weight in weights:
             indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
             postings[term] = (np.append(indices, index), np.append(values, weight))
@@ -320,7 +345,7 @@ class Partition:
         position = next(i for i, m in enumerate(self.memories) if m.id == memory_id)
         old = self.memories[position]
         postings = dict(self.postings)
-        removed = term_weights(old.content)
+        removed = term_weights(old)
         npostings = self.npostings - len(removed)
         for term, _weight in removed:
             indices, values = postings[term]
@@ -342,7 +367,7 @@ class Partition:
             recency = np.delete(self.recency, position)
             seq = np.delete(self.seq, position)
         else:
-            added = term_weights(replacement.content)
+            added = term_weights(replacement)
             npostings += len(added)
             for term, weight in added:
                 indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.keywords import keywords
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import Partition, Weights, rank
 
@@ -174,3 +175,24 @@ def test_python_and_numpy_ranking_agree(
         python = rank(partitions, query, Weights(), vectorized=False, **arguments)
         vector = rank(partitions, query, Weights(), vectorized=True, **arguments)
         assert python == vector
+
+
+def test_entries_are_found_by_the_month_and_year_they_were_written() -> None:
+    def written(seq: int, text: str, when: datetime) -> Memory:
+        return Memory(f"m{seq}", Tier.MEMORY, text, "", 1.0, when, when, seq)
+
+    july = datetime(2023, 7, 14, tzinfo=UTC)
+    entries = [
+        written(1, "Signed up for a pottery class", july),
+        written(2, "Went to a pottery fair", datetime(2024, 3, 2, tzinfo=UTC)),
+        written(3, "Started running again", july),
+        written(4, "Met the new neighbours", datetime(2023, 8, 1, tzinfo=UTC)),
+    ]
+    partition = Partition.build(Tier.MEMORY, "o", 1, entries, Usage())
+    for vectorized in (False, True):
+        hits = rank(
+            [partition], keywords(["What did I do in July 2023?"]), Weights(), vectorized=vectorized
+        )
+        assert {m.id for m, _ in hits[:2]} == {"m1", "m3"}
+        pottery = rank([partition], keywords(["pottery in July"]), Weights(), vectorized=vectorized)
+        assert pottery[0][0].id == "m1"

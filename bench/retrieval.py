@@ -1,0 +1,179 @@
+"""Retrieval quality on the relevance sets in bench/relevance/.
+
+Each set is a multi-session conversation: every turn is stored as one
+memory, created at its session's date, and each question names the turns
+that answer it. A question counts as found when all its evidence turns are
+in the top 10 of a search. The same-run baseline is plain BM25 (the seed's
+tokenizer: lowercase, strip punctuation, split on whitespace, drop tokens
+of 2 characters or fewer and 20 stopwords; k1 1.2, b 0.75 over the average
+document length; no stemming), scored over the same memories.
+
+    python -m bench.retrieval [--grid]
+
+`--grid` scores BM25 parameters on the tuning sets (conv1, conv2) and on
+the held-out ones (conv3, conv4): parameters are chosen on the first and
+only reported on the second, so they are not fitted to the sets that judge
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from sidecar import ranking
+from sidecar.keywords import keywords
+from sidecar.memory import Memory, Tier, Usage
+
+SETS = Path(__file__).resolve().parent / "relevance"
+TUNING = ("conv1", "conv2")
+HELD_OUT = ("conv3", "conv4")
+TOP = 10
+
+# A 20-word list in the spirit of the seed's (its exact list is not public).
+_PLAIN_STOPWORDS = frozenset(
+    "the a an and or but is are was were in on at to for of with by from as".split()  # noqa: SIM905
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    evidence: frozenset[str]
+    kind: str
+
+
+@dataclass(frozen=True)
+class RelevanceSet:
+    name: str
+    memories: list[Memory]
+    questions: list[Question]
+
+
+def load(names: Sequence[str]) -> list[RelevanceSet]:
+    sets = []
+    for name in names:
+        data = json.loads((SETS / f"{name}.json").read_text())
+        memories: list[Memory] = []
+        ids: dict[tuple[int, int], str] = {}
+        for s, session in enumerate(data["sessions"]):
+            when = datetime.fromisoformat(session["date"].replace("Z", "+00:00"))
+            for t, turn in enumerate(session["turns"]):
+                memory_id = f"{name}-{s}-{t}"
+                ids[(s, t)] = memory_id
+                memories.append(
+                    Memory(memory_id, Tier.MEMORY, turn, "", 1.0, when, when, len(memories) + 1)
+                )
+        questions = [
+            Question(q["question"], frozenset(ids[(s, t)] for s, t in q["evidence"]), q["kind"])
+            for q in data["questions"]
+        ]
+        sets.append(RelevanceSet(name, memories, questions))
+    return sets
+
+
+Search = Callable[[str], list[str]]
+
+
+def ours(memories: list[Memory]) -> Search:
+    partition = ranking.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
+    weights = ranking.Weights()
+
+    def search(question: str) -> list[str]:
+        hits = ranking.rank([partition], keywords([question]), weights, limit=TOP)
+        return [memory.id for memory, _ in hits]
+
+    return search
+
+
+def _plain_tokens(text: str) -> list[str]:
+    words = re.sub(r"[^\w\s]", " ", text.lower()).split()
+    return [w for w in words if len(w) > 2 and w not in _PLAIN_STOPWORDS]
+
+
+def plain_bm25(memories: list[Memory], k1: float = 1.2, b: float = 0.75) -> Search:
+    docs = [Counter(_plain_tokens(m.content)) for m in memories]
+    lengths = [sum(d.values()) for d in docs]
+    average = sum(lengths) / len(lengths)
+    df: Counter[str] = Counter(term for d in docs for term in d)
+    n = len(docs)
+
+    def search(question: str) -> list[str]:
+        terms = set(_plain_tokens(question))
+        scored = []
+        for i, doc in enumerate(docs):
+            score = 0.0
+            for term in terms & doc.keys():
+                idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                tf = doc[term]
+                score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[i] / average))
+            if score > 0:
+                scored.append((-score, i))
+        scored.sort()
+        return [memories[i].id for _, i in scored[:TOP]]
+
+    return search
+
+
+def found(sets: Sequence[RelevanceSet], make: Callable[[list[Memory]], Search]) -> dict[str, float]:
+    """Share of questions with every evidence turn in the top 10, per kind and in all."""
+    hits: Counter[str] = Counter()
+    totals: Counter[str] = Counter()
+    for relevance in sets:
+        search = make(relevance.memories)
+        for question in relevance.questions:
+            top = set(search(question.text))
+            ok = question.evidence <= top
+            for key in (question.kind, "all"):
+                totals[key] += 1
+                hits[key] += ok
+    return {key: hits[key] / totals[key] for key in totals}
+
+
+@contextmanager
+def bm25_parameters(k1: float, b: float) -> Iterator[None]:
+    """Our ranking with other BM25 parameters (term weights read them when
+    an entry is indexed)."""
+    saved = ranking.K1, ranking.B
+    ranking.K1, ranking.B = k1, b
+    try:
+        yield
+    finally:
+        ranking.K1, ranking.B = saved
+
+
+def grid() -> list[tuple[float, float, float, float]]:
+    tuning, held_out = load(TUNING), load(HELD_OUT)
+    rows = []
+    for k1 in (0.3, 0.6, 0.9, 1.2, 1.5):
+        for b in (0.0, 0.25, 0.5, 0.75):
+            with bm25_parameters(k1, b):
+                rows.append((k1, b, found(tuning, ours)["all"], found(held_out, ours)["all"]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", action="store_true", help="score BM25 parameters")
+    args = parser.parse_args(argv)
+    sets = load(TUNING + HELD_OUT)
+    for label, make in (("plain BM25", plain_bm25), ("memory-sidecar", ours)):
+        scores = found(sets, make)
+        print(label, " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items())))
+    if args.grid:
+        print("k1    b     tuning  held-out")
+        for k1, b, tuning, held_out in grid():
+            print(f"{k1:<5} {b:<5} {tuning:.3f}   {held_out:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
