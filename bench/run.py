@@ -886,6 +886,40 @@ def bench_large_tiers(report: Report, work: Path, corpus: Corpus, sizes: list[in
     )
 
 
+def bench_retrieval(report: Report) -> None:
+    from bench import retrieval
+
+    rows: list[Row] = []
+    for label, names in (
+        ("tuning sets", retrieval.TUNING),
+        ("held-out sets", retrieval.HELD_OUT),
+    ):
+        sets = retrieval.load(names)
+        plain = retrieval.found(sets, retrieval.plain_bm25)
+        ours = retrieval.found(sets, retrieval.ours)
+        questions = sum(len(s.questions) for s in sets)
+        for kind in sorted(ours, key=lambda k: (k != "all", k)):
+            rows.append(
+                [
+                    label,
+                    kind,
+                    str(questions) if kind == "all" else "",
+                    f"{plain[kind]:.1%}",
+                    f"{ours[kind]:.1%}",
+                ]
+            )
+    report.add(
+        "14. Retrieval quality",
+        "Share of questions whose evidence turns are all in the top 10 of a search, on the "
+        "multi-session conversations in bench/relevance/ (every turn one memory, created at "
+        "its session's date), by kind of question. The baseline is plain BM25 with the seed's "
+        "tokenizer over the same memories. BM25 parameters were chosen on the tuning sets "
+        "only (`python -m bench.retrieval --grid`).",
+        ["sets", "questions", "count", "plain BM25", "memory-sidecar"],
+        rows,
+    )
+
+
 # --- the report --------------------------------------------------------------------------
 
 
@@ -970,7 +1004,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 14))
+        only = set(args.only or range(1, 15))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -1025,6 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
     if 13 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_large_tiers(report, Path(tmp), corpus, [10_000] if quick else [10_000, 100_000])
+    if 14 in only:
+        bench_retrieval(report)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -64,7 +64,10 @@ def test_natural_questions_find_their_memory_first(
 ) -> None:
     hits = search(sidecar, question)
     assert hits, "ranked search must not come back empty for a natural question"
-    assert hits[0].memory.id == conversation[answer].id, [h.memory.content for h in hits[:3]]
+    # First, or tied for first: "Which of Caroline's things came from
+    # Sweden?" matches two entries on the same two words, equally.
+    best = [h.memory.id for h in hits if h.score == pytest.approx(hits[0].score)]
+    assert conversation[answer].id in best, [h.memory.content for h in hits[:3]]
 
 
 def test_the_seeds_and_match_misses_what_ranking_finds(
