@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -180,8 +179,12 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 class TokenFile:
     """A bearer token kept in a file (a mounted Kubernetes Secret, say).
 
-    Re-read when the file changes, checked at most once a second, so a
-    rotated Secret takes effect without a restart.
+    Re-read at most once a second, so a rotated Secret takes effect without
+    a restart. The file's bytes are compared, not its timestamps: a rewrite
+    in place within the filesystem's timestamp granularity changes neither
+    inode nor mtime. Once serving, a file that is missing, unreadable or
+    empty (caught mid-rewrite) keeps the last good token, and says so in
+    the log once; only at start-up is it an error.
     """
 
     def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
@@ -189,29 +192,36 @@ class TokenFile:
         self._clock = clock
         self._lock = threading.Lock()
         self._checked = float("-inf")
-        self._stamp: tuple[int, int] | None = None
         self._token = b""
-        self.token()  # fail at start-up, not on the first call
+        self._complaint = ""
+        token, problem = self._read()
+        if problem:
+            raise ConfigError("server.auth_token_file", problem)
+        self._token, self._checked = token, clock()
+
+    def _read(self) -> tuple[bytes, str]:
+        try:
+            token = Path(self._path).read_bytes().strip()
+        except OSError as exc:
+            return b"", f"cannot read {self._path}: {exc.strerror}"
+        if not token:
+            return b"", f"{self._path} is empty"
+        return token, ""
 
     def token(self) -> bytes:
         now = self._clock()
         with self._lock:
             if now - self._checked >= 1.0:
                 self._checked = now
-                try:
-                    info = os.stat(self._path)
-                except OSError as exc:
-                    if self._stamp is None:
-                        raise ConfigError(
-                            "server.auth_token_file", f"cannot read {self._path}: {exc.strerror}"
-                        ) from None
-                    return self._token  # keep the last good token through a swap
-                stamp = (info.st_mtime_ns, info.st_ino)
-                if stamp != self._stamp:
-                    token = Path(self._path).read_bytes().strip()
-                    if not token:
-                        raise ConfigError("server.auth_token_file", f"{self._path} is empty")
-                    self._token, self._stamp = token, stamp
+                token, problem = self._read()
+                if problem:
+                    if problem != self._complaint:
+                        log.warning("auth token file: %s; keeping the last good token", problem)
+                    self._complaint = problem
+                else:
+                    if token != self._token:
+                        log.info("auth token file changed; using the new token")
+                    self._token, self._complaint = token, ""
             return self._token
 
 

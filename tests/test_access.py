@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -92,6 +93,53 @@ def test_a_rotated_token_takes_effect_without_a_restart(tmp_path: Path) -> None:
     path.unlink()
     now[0] = 3.0
     assert tokens.token() == b"second"  # keeps the last good token mid-swap
+
+
+def test_a_token_rewritten_in_place_is_noticed_and_an_empty_one_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("first-token")
+    before = os.stat(path)
+    now = [0.0]
+    tokens = TokenFile(str(path), clock=lambda: now[0])
+    # Caught mid-rewrite: the file is empty for a moment.
+    path.write_text("")
+    now[0] = 1.0
+    assert tokens.token() == b"first-token"
+    assert "empty; keeping the last good token" in caplog.text
+    # Rewritten in place, same length, same inode, and the same mtime (a
+    # coarse filesystem clock): only the bytes tell.
+    with open(path, "r+") as handle:
+        handle.write("other-token")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
+        before.st_ino,
+        before.st_mtime_ns,
+        before.st_size,
+    )
+    now[0] = 2.0
+    assert tokens.token() == b"other-token"
+
+
+def test_an_emptied_token_file_never_fails_calls(
+    make_sidecar: MakeSidecar, token_file: Path
+) -> None:
+    running = make_sidecar(auth_token_file=str(token_file))
+    good = with_token(TOKEN)
+    token_file.write_text("")
+    for _ in range(3):  # across the once-a-second re-read
+        response = running.stub.GetMemories(
+            pb.GetMemoriesRequest(scope=pb.Scope(agent_id="a")), metadata=good, timeout=10
+        )
+        assert len(response.usage) == 2
+        with pytest.raises(grpc.RpcError) as caught:
+            running.stub.GetMemories(
+                pb.GetMemoriesRequest(), metadata=with_token("wrong"), timeout=10
+            )
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        time.sleep(0.6)
 
 
 def test_the_cli_sends_the_configured_token(
