@@ -113,9 +113,15 @@ def _finding(memory: Memory) -> str | None:
 def _injectable(settings: AgentSettings, memory: Memory, finding: str | None) -> Memory:
     """The memory as it may enter a prompt: a stored entry that fails the
     content scan (written before scanning was on, or under `warn`) is replaced
-    by a placeholder naming the pattern, never shown verbatim."""
-    if finding is None or settings.content_scanning == "off":
+    by a placeholder naming the pattern, never shown verbatim. With scanning
+    off it is shown, but a line that would fake the block's layout (a rule,
+    a separator, a tier header) is put in brackets: no entry can add one.
+    (An entry without a finding holds no such line: the scan looks for them.)"""
+    if finding is None:
         return memory
+    if settings.content_scanning == "off":
+        content = scanner.neutralise_layout(memory.content)
+        return memory if content == memory.content else dataclasses.replace(memory, content=content)
     placeholder = scanner.PLACEHOLDER.format(pattern=finding)
     return dataclasses.replace(memory, content=placeholder, category="")
 

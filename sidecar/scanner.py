@@ -26,55 +26,250 @@ MODES = ("strict", "warn", "off")
 
 PLACEHOLDER = "[memory withheld: it failed the content scan ({pattern})]"
 
-_INVISIBLE = re.compile(
-    "["
-    "\u00ad"  # soft hyphen
-    "\u180e"  # Mongolian vowel separator
-    "\u200b-\u200f"  # zero-width space/joiners, LRM, RLM
-    "\u202a-\u202e"  # bidi embeddings and overrides
-    "\u2060-\u2064"  # word joiner, invisible operators
-    "\u2066-\u2069"  # bidi isolates
-    "\ufeff"  # BOM / zero-width no-break space
-    "\U000e0000-\U000e007f"  # tag characters
-    "]"
+# Characters that render as nothing: every format character (Unicode
+# category Cf: zero-width characters, bidi controls, BOM, tag characters,
+# interlinear annotations, musical and hieroglyph format controls, ...) and
+# the Hangul fillers. A few of them are how real text is written, and are
+# allowed where they do that job (see _invisible).
+_ZWNJ, _ZWJ, _SOFT_HYPHEN = "\u200c", "\u200d", "\u00ad"
+_BIDI_MARKS = frozenset("\u200e\u200f\u061c")  # LRM, RLM, Arabic letter mark
+_BLACK_FLAG, _CANCEL_TAG = "\U0001f3f4", "\U000e007f"
+# Hebrew, Arabic, Syriac, Thaana, NKo ... and their presentation forms.
+_RTL = re.compile("[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]")
+
+
+# Every Cf character of Unicode 15 (a test checks this against the running
+# Python's unicodedata) and the Hangul fillers, as one class: the scan
+# looks at these positions only.
+_CANDIDATES = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f\u115f\u1160\u3164\uffa0]"
 )
 
+
+def _is_emoji_part(ch: str) -> bool:
+    """Emoji, their modifiers and presentation selectors (ZWJ sequences)."""
+    code = ord(ch)
+    return (
+        code == 0xFE0F
+        or 0x1F3FB <= code <= 0x1F3FF
+        or (code >= 0x2190 and unicodedata.category(ch) in ("So", "Sk"))
+    )
+
+
+def _is_script_letter(ch: str) -> bool:
+    """A letter or mark of a script other than Latin (ZWJ and ZWNJ shape
+    Persian, Arabic and the Indic scripts; they do nothing in Latin)."""
+    return (
+        unicodedata.category(ch)[0] in "LM"
+        and not ch.isascii()
+        and "LATIN" not in unicodedata.name(ch, "")
+    )
+
+
+def _joins_script(before: str, after: str) -> bool:
+    """A joiner's place in a non-Latin script: after one of its letters or
+    marks, and before another, or at the end of a word (Malayalam's older
+    chillu forms end in virama + ZWJ)."""
+    return _is_script_letter(before) and (
+        _is_script_letter(after) or not after or not after.isalpha()
+    )
+
+
+# Scripts written without spaces, where a zero-width space marks word breaks.
+_WORD_BREAK_SCRIPTS = ("KHMER", "THAI", "LAO", "MYANMAR", "TIBETAN", "JAVANESE", "BALINESE")
+_ISOLATE_OPENERS = frozenset("\u2066\u2067\u2068")
+_POP_ISOLATE = "\u2069"
+# More than one variation selector in a row selects nothing: it carries data
+# ("emoji smuggling"). One after a base character is how emoji and
+# ideographic variants are written.
+_SELECTOR_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
+
+
+def _in_word_break_script(ch: str) -> bool:
+    return bool(ch) and unicodedata.name(ch, "").startswith(_WORD_BREAK_SCRIPTS)
+
+
+def _invisible(text: str) -> str | None:
+    """The first invisible character doing something other than its job in
+    ordinary writing, or None."""
+    selectors = _SELECTOR_RUN.search(text)
+    if selectors:
+        return selectors.group()[1]
+    rtl = None
+    skip_to = 0
+    for found in _CANDIDATES.finditer(text):
+        i = found.start()
+        if i < skip_to:
+            continue
+        ch = text[i]
+        before = text[i - 1] if i else ""
+        after = text[i + 1] if i + 1 < len(text) else ""
+        if ch == _ZWJ and (
+            _is_emoji_part(before) or _is_emoji_part(after) or _joins_script(before, after)
+        ):
+            pass  # an emoji sequence, or a conjunct or chillu of an Indic script
+        elif ch == _ZWNJ and _joins_script(before, after):
+            pass  # Persian, Arabic, Indic: keeps two letters from joining
+        elif ch == _SOFT_HYPHEN and before.isalpha() and after.isalpha():
+            pass  # a hyphenation point inside a word
+        elif ch == "\u200b" and _in_word_break_script(before) and _in_word_break_script(after):
+            pass  # a word break in Khmer, Thai, Lao, Myanmar ...
+        elif ch in _BIDI_MARKS:
+            if rtl is None:  # right-to-left letters, not these marks themselves
+                rtl = _RTL.search(_CANDIDATES.sub("", text)) is not None
+            if not rtl:
+                return ch  # direction marks in text with no right-to-left script
+        elif ch in _ISOLATE_OPENERS:
+            # An isolate around right-to-left words inside other text (as
+            # the W3C recommends), closed, with nothing else hidden inside.
+            end = text.find(_POP_ISOLATE, i + 1)
+            inside = text[i + 1 : end] if end > 0 else ""
+            if not inside or not _RTL.search(inside) or _CANDIDATES.search(inside):
+                return ch
+            skip_to = end + 1
+        elif 0xE0020 <= ord(ch) <= 0xE007E:
+            # Tag characters spell subdivision flags (black flag, tags,
+            # cancel tag) and nothing else.
+            end = i
+            while end < len(text) and 0xE0020 <= ord(text[end]) <= 0xE007E:
+                end += 1
+            if before != _BLACK_FLAG or end >= len(text) or text[end] != _CANCEL_TAG:
+                return ch
+            skip_to = end + 1
+        else:
+            return ch
+    return None
+
+
+# Lines an entry could use to fake the system block's layout: a rule of box
+# drawing characters, a lone entry separator, a tier header.
+LAYOUT_LINE = re.compile(
+    r"^[ \t]*(?:[\u2500-\u257f]{3,}|§|(?:MEMORY|USER PROFILE)\s*\(.*\)\s*\[.*\])[ \t]*$",
+    re.MULTILINE,
+)
+
+_SECRETS = (
+    r"(?:\b(?:conversations?|chat\s+(?:log|history)|messages|secrets?|api[\s_-]?keys?|"
+    r"passwords?|(?:session\s+|access\s+)?tokens?|credentials?|ssh|private\s+keys?|"
+    r"personal\s+data|user'?s?\s+data|system\s+prompt|memories)\b|\.env\b)"
+)
+_DESTINATION = r"\b(?:to|via|into)\b.{0,30}(?:https?://|webhook|\S+@\S+\.\w+)"
+_SEND = r"\b(?:send|post|upload|forward|exfiltrate|transmit|leak|e-?mail|copy)\b"
+
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern, re.IGNORECASE))
+    (name, re.compile(pattern, re.IGNORECASE | re.MULTILINE))
     for name, pattern in (
         (
             "ignore_instructions",
             r"\b(ignore|disregard|forget|override)\b.{0,40}\b(previous|prior|above|earlier|all|"
-            r"any|your|system)\b.{0,20}\b(instructions?|prompts?|rules|guidelines|directions)\b",
+            r"any|your|my|system)\b.{0,20}\b(instructions?|prompts?|rules|guidelines|directions)\b|"
+            r"\b(previous|prior|earlier|above|all|your|the)\s+(rules|instructions|guidelines)\s+"
+            r"(are|is)\s+(now\s+)?(void|cancell?ed|revoked|null|lifted|disabled|suspended|"
+            r"no\s+longer\s+(valid|apply|in\s+effect))\b|"
+            r"\b(override|bypass|disable|turn\s+off)\s+(all\s+|the\s+|your\s+|any\s+)?(safety|"
+            r"content|security)\s+(guidelines|rules|policies|filters|restrictions)\b|"
+            r"\breset\s+(your|all|the)\s+(instructions|rules|guidelines|prompt)\b|"
+            # The same in German, Spanish and French, the commonest forms.
+            r"\bignorier\w*\s+(alle\s+)?(vorherigen|bisherigen|obigen)\s+anweisungen\b|"
+            r"\bignora\w*\s+(todas\s+)?las\s+instrucciones\s+(anteriores|previas)\b|"
+            r"\bignore[rz]?\s+(toutes\s+)?les\s+instructions\s+(pr[eé]c[eé]dentes|"
+            r"ant[eé]rieures)\b",
         ),
-        ("new_instructions", r"\b(new|updated|real|actual)\s+(system\s+)?instructions?\s*:"),
+        (
+            "new_instructions",
+            r"\b(new|updated|real|actual)\s+(system\s+)?instructions?\s*:|"
+            r"\byour\s+new\s+(role|instructions?|task)\s*(is\b|:)|"
+            r"\bfollow\s+(the\s+)?instructions\s+(in|from|at)\s+(it|this|that|https?://)|"
+            r"\b(fetch|load|download|read|open)\b.{0,20}https?://\S+.{0,80}\b(follow|obey|"
+            r"execute|run)\b",
+        ),
         (
             "role_override",
-            r"\byou\s+are\s+now\b|\bfrom\s+now\s+on,?\s+you\b|\bact\s+as\s+(an?\s+)?(unrestricted|"
-            r"jailbroken|dan)\b",
+            # "You are now the on-call owner" is a fact; these are not.
+            r"\byou\s+are\s+now\s+(an?\s+)?(dan\b|unrestricted|jailbroken|uncensored|unfiltered|"
+            r"evil|in\s+(developer|god|dan)\s+mode|no\s+longer\s+bound|free\s+of\s+(all\s+)?"
+            r"(rules|restrictions))|"
+            r"\bfrom\s+now\s+on,?\s+you\s+(will|must|shall|should|are\s+to)\s+(ignore|disregard|"
+            r"obey|pretend|act\s+as|answer\s+without|respond\s+without)\b|"
+            r"\b(act|behave)\s+as\s+(an?\s+)?(unrestricted|jailbroken|uncensored|dan)\b|"
+            r"\bpretend\s+(to\s+be|you\s+are)\s+(an?\s+)?(unrestricted|jailbroken|uncensored|dan)\b|"
+            r"\b(developer|god|dan)\s+mode\s+(is\s+)?(enabled|on|activated)\b|"
+            r"\bsystem\s+override\b|"
+            r"\b(respond|answer|reply)\s+without\s+(any\s+)?(filters|restrictions|limits|"
+            r"safety)\b|\bwithout\s+any\s+safety\s+(rules|guidelines|filters|restrictions)\b",
         ),
         (
             "system_prompt",
-            r"<\s*/?\s*(system|assistant|instructions?)\s*>|\[/?INST\]|<\|im_(start|end)\|>|"
-            r"^\s*#{1,6}\s*system\b|\b(reveal|print|show|repeat|leak)\b.{0,30}\bsystem\s+prompt\b",
+            # Chat-template markers, and a heading that is only "system" or
+            # "SYSTEM: ..." (not "# System setup: Ubuntu").
+            r"<\s*/?\s*(system|assistant|instructions?)\s*>|\[/?INST\]|<<\s*/?\s*SYS\s*>>|"
+            r"<\|(im_start|im_end|start_header_id|end_header_id|eot_id|begin_of_text|"
+            r"endoftext|system|user|assistant)\|>|"
+            r"^\s*#{1,6}\s*(system|assistant)(\s+(prompt|message))?\s*(:.*)?$|"
+            r"^\s*assistant\s*:.*\n\s*user\s*:|"
+            r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,30}\b(your\s+|the\s+)?"
+            r"(system\s+prompt|hidden\s+instructions)\b|"
+            r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,20}\byour\s+(\w+\s+)?"
+            r"(instructions|prompt|rules)\b",
         ),
         (
             "exfiltration",
-            r"\b(send|post|upload|forward|exfiltrate|transmit|leak)\b.{0,60}\b(to|via)\b.{0,20}"
-            r"(https?://|webhook|\S+@\S+\.\w+)|"
-            r"\b(curl|wget)\b[^\n]{0,80}\s(-d|--data\S*|-F|--form|-T|--upload-file|--post-data|"
-            r"--post-file)\s|"
-            r"!\[[^\]]*\]\(\s*https?://[^)]*[?&][^)]*=|https?://\S*\?\S*=\{",
+            # Sending something sensitive somewhere, not "send the weekly
+            # report to reports@example.com"; uploading a secret file with
+            # curl, not "curl -d @payload.json"; tracking images that carry
+            # data, not a CI badge.
+            rf"{_SEND}.{{0,80}}{_SECRETS}.{{0,60}}{_DESTINATION}|"
+            rf"{_SECRETS}.{{0,60}}{_SEND}.{{0,40}}{_DESTINATION}|"
+            r"\b(curl|wget)\b[^\n]{0,120}\s(-d|--data\S*|-F|--form|-T|--upload-file|--post-data|"
+            r"--post-file)[\s=]+['\"]?[^\s'\"]*(\.ssh|id_rsa|id_ed25519|\.env\b|/etc/passwd|"
+            r"/etc/shadow|\.aws|\.netrc|credentials|\.git-credentials|\.npmrc|\.pypirc|"
+            r"\$\((cat|env|printenv))|"
+            r"\b(cat|base64|tar|gzip)\b[^\n|]{0,60}(\.ssh|\.aws|\.env\b|credentials|id_rsa|"
+            r"/etc/passwd|/etc/shadow|\.netrc)[^\n]{0,40}\|\s*(nc|ncat|netcat|curl|wget|socat)\b|"
+            rf"{_SECRETS}.{{0,40}}https?://\S*[?&][\w.-]+=(?=\s|$|[\"')\]])|"
+            r"!\[[^\]]*\]\(\s*https?://[^)]*[?&][^)]*(\{|%7b|\$|=[\w+/=%-]{32,})|"
+            r"https?://\S*\?\S*=\{",
         ),
         (
             "credential_request",
-            r"\b(api[\s_-]?keys?|passwords?|secrets?|tokens?|credentials?|ssh\s+keys?)\b.{0,40}"
-            r"\b(send|post|include|append|paste|share|reveal)\b|"
-            r"\b(send|post|include|append|paste|share|reveal)\b.{0,40}\b(api[\s_-]?keys?|passwords?|"
-            r"secrets?|credentials?|ssh\s+keys?)\b",
+            # Telling the model to disclose secrets in what it says; "never
+            # paste secrets into Slack" is advice (negations are skipped).
+            r"\b(include|append|reveal|share|send|print|output|paste|tell|give)\b.{0,30}"
+            r"\b(api[\s_-]?keys?|passwords?|passphrases?|secrets?|credentials?|tokens?|"
+            r"ssh\s+keys?|private\s+keys?)\b.{0,40}\b(in|into|to|with|at\s+the\s+end\s+of)\b"
+            r".{0,20}\b(replies|reply|responses?|answers?|output|messages?|every|each|chat)\b|"
+            r"\b(reveal|share|print|output|tell\s+me)\b.{0,20}\b(the\s+|your\s+)?(api[\s_-]?keys?|"
+            r"passwords?|secrets?|credentials?)\b",
         ),
     )
 )
+# Words a pattern cannot match without (lowercase): a pattern runs only on
+# text holding one of them, so plain notes skip most of the work.
+_NEEDLES = {
+    "ignore_instructions": (
+        "ignor", "disregard", "forget", "overrid", "void", "cancel", "revoked", "null",
+        "lifted", "disabled", "suspended", "no longer", "bypass", "disable", "turn off", "reset",
+    ),
+    "new_instructions": ("instruction", "new", "http"),
+    "role_override": ("now", "act", "behave", "pretend", "mode", "override", "without"),
+    "system_prompt": (
+        "<", "[", "#", "assistant", "reveal", "print", "show", "repeat", "leak", "output", "dump",
+    ),
+    "exfiltration": ("http", "webhook", "@", "|", "curl", "wget"),
+    "credential_request": (
+        "include", "append", "reveal", "share", "send", "print", "output", "paste", "tell", "give",
+    ),
+}  # fmt: skip
+# The per-turn block's own tags, written into an entry to fake entries.
+_FAKE_TAGS = re.compile(r"<\s*/?\s*memor(y|ies)\b[^>]*>", re.IGNORECASE)
+# A refusal or prohibition just before a match makes it advice, not an order.
+_NEGATED = re.compile(
+    r"\b(never|not|don't|do\s+not|must\s+not|mustn't|avoid)\W+(\w+\W+){0,2}$", re.I
+)
+_NEGATABLE = frozenset({"credential_request", "exfiltration"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +280,33 @@ class Finding:
 
 def scan(text: str) -> Finding | None:
     """The first finding in a text, or None when it looks like plain data."""
-    invisible = _INVISIBLE.search(text)
+    invisible = _invisible(text)
     if invisible:
-        name = unicodedata.name(invisible.group(), f"U+{ord(invisible.group()):04X}")
+        name = unicodedata.name(invisible, f"U+{ord(invisible):04X}")
         return Finding("invisible_unicode", name)
-    folded = unicodedata.normalize("NFKC", text)
+    layout = LAYOUT_LINE.search(text)
+    if layout:
+        return Finding("layout_forgery", layout.group().strip()[:80])
+    # Patterns match the text as it reads: compatibility forms folded, and
+    # the invisible characters allowed above removed ("ig\u00adnore").
+    folded = unicodedata.normalize("NFKC", _CANDIDATES.sub("", text))
+    # (A dotted capital I lowers to i + combining dot; patterns ignore case.)
+    lowered = folded.lower().replace("\u0307", "")
     for name, pattern in _PATTERNS:
-        match = pattern.search(folded)
-        if match:
+        if not any(needle in lowered for needle in _NEEDLES[name]):
+            continue
+        for match in pattern.finditer(folded):
+            if name in _NEGATABLE and _NEGATED.search(folded, 0, match.start()):
+                continue
             return Finding(name, match.group()[:80])
+    tags = _FAKE_TAGS.search(folded)
+    if tags:
+        return Finding("layout_forgery", tags.group()[:80])
     return None
+
+
+def neutralise_layout(text: str) -> str:
+    """The text with any line that would read as part of the system block's
+    layout (a rule, a lone separator, a tier header) put in brackets, so an
+    entry can never add a rule, header or separator to the frozen block."""
+    return LAYOUT_LINE.sub(lambda m: f"[{m.group().strip()}]", text)
