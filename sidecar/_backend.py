@@ -60,8 +60,15 @@ class ErrorGuard(abc.ABC):
         return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, Exception):
+        # The error a client can act on may be one the driver raised while
+        # handling it: SQLite rolls back by itself on a full disk, and the
+        # transaction's own ROLLBACK then fails with "no transaction is
+        # active". Look down the chain.
+        seen: set[int] = set()
+        while isinstance(exc, Exception) and id(exc) not in seen:
+            seen.add(id(exc))
             self.translate(exc)
+            exc = exc.__cause__ or exc.__context__
 
     @abc.abstractmethod
     def translate(self, exc: Exception) -> None:
@@ -160,6 +167,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def analyze(self) -> None:
         """Refresh the planner's statistics after a bulk load."""
+
+    def quick_check(self) -> str:
+        """'ok', or the first problem found by a fast structural check (run at
+        start-up; a server-side database checks its own storage)."""
+        return "ok"
 
     @abc.abstractmethod
     def integrity_check(self) -> str:

@@ -28,7 +28,13 @@ from playhouse.pool import MaxConnectionsExceeded
 from sidecar import _backend
 from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
-from sidecar.errors import StoreError, Unavailable
+from sidecar.errors import (
+    DataLoss,
+    FailedPrecondition,
+    ResourceExhausted,
+    StoreError,
+    Unavailable,
+)
 
 try:
     import psycopg
@@ -131,6 +137,15 @@ MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
 ]
 
 # SQLSTATEs a client can act on by retrying.
+# Storage faults: the server's disk is full, it refuses writes (a hot
+# standby), or its pages are damaged.
+_STORAGE = {
+    "53100": ("STORAGE_FULL", "the database server's disk is full; nothing was changed"),
+    "25006": ("DATABASE_READ_ONLY", "the database refuses writes (a read-only server or standby)"),
+    "XX001": ("DATABASE_CORRUPT", "the database server reports damaged data"),
+    "XX002": ("DATABASE_CORRUPT", "the database server reports a damaged index"),
+}
+
 _BUSY = {
     "55P03": "the database kept a row locked past the lock timeout; retry",
     "40001": "a concurrent write conflicted; retry",
@@ -150,6 +165,14 @@ class ErrorGuard(_backend.ErrorGuard):
                 ) from exc
             return
         state = original.sqlstate or ""
+        if state in _STORAGE:
+            reason, why = _STORAGE[state]
+            kind = {
+                "STORAGE_FULL": ResourceExhausted,
+                "DATABASE_READ_ONLY": FailedPrecondition,
+                "DATABASE_CORRUPT": DataLoss,
+            }[reason]
+            raise kind(f"{why} ({self.location})", reason=reason) from exc
         if state in _BUSY:
             raise Unavailable(_BUSY[state], reason="DATABASE_BUSY") from exc
         # Cannot connect (08), shutting down (57P), refused login (28), no

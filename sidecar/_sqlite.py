@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import peewee
@@ -20,7 +22,13 @@ from sidecar import _backend
 from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
-from sidecar.errors import StoreError, Unavailable
+from sidecar.errors import (
+    DataLoss,
+    FailedPrecondition,
+    ResourceExhausted,
+    StoreError,
+    Unavailable,
+)
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -211,19 +219,60 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
 ]
 
 
+# SQLite's primary result codes (the low byte of an extended code).
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 8, 10, 11
+_SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
+
+
 class ErrorGuard(_backend.ErrorGuard):
     def translate(self, exc: Exception) -> None:
-        if isinstance(exc, peewee.OperationalError | sqlite3.OperationalError):
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                raise Unavailable(
-                    "the database stayed locked past the busy timeout; retry",
-                    reason="DATABASE_BUSY",
-                ) from exc
-        if isinstance(exc, peewee.DatabaseError | sqlite3.DatabaseError) and (
-            "file is not a database" in str(exc)
-        ):
+        # Peewee wraps the driver's exception and keeps it as `orig`.
+        original = getattr(exc, "orig", exc)
+        if not isinstance(original, sqlite3.Error | peewee.DatabaseError):
+            return
+        text = str(original)
+        code = (getattr(original, "sqlite_errorcode", None) or 0) & 0xFF
+        if "locked" in text or "busy" in text:
+            raise Unavailable(
+                "the database stayed locked past the busy timeout; retry",
+                reason="DATABASE_BUSY",
+            ) from exc
+        if code == _SQLITE_FULL or "disk is full" in text:
+            raise ResourceExhausted(
+                f"no room left to write {self.location}: the disk (or its quota) is full; "
+                "nothing was changed",
+                reason="STORAGE_FULL",
+            ) from exc
+        if code == _SQLITE_READONLY or "readonly database" in text:
+            raise FailedPrecondition(
+                f"{self.location} cannot be written (a read-only file, directory or mount); "
+                "reads still work",
+                reason="DATABASE_READ_ONLY",
+            ) from exc
+        if code == _SQLITE_CORRUPT or "malformed" in text:
+            raise DataLoss(
+                f"{self.location} is damaged ({text}); stop writing to it and restore from a "
+                "backup (`memory-sidecar check` tells more)",
+                reason="DATABASE_CORRUPT",
+            ) from exc
+        if code == _SQLITE_IOERR or "disk I/O error" in text:
+            raise Unavailable(
+                f"the disk under {self.location} failed to read or write ({text}); retry",
+                reason="DATABASE_IO_ERROR",
+            ) from exc
+        if code == _SQLITE_NOTADB or "file is not a database" in text:
             raise StoreError(f"{self.location} is not an SQLite database") from exc
+        if code == _SQLITE_CANTOPEN or "unable to open database" in text:
+            path = Path(self.location)
+            if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+                raise FailedPrecondition(
+                    f"{self.location} cannot be written (a read-only file, directory or mount; "
+                    "SQLite also creates -wal and -shm files beside it)",
+                    reason="DATABASE_READ_ONLY",
+                ) from exc
+            raise StoreError(
+                f"cannot open {self.location}: its directory must exist and be writable"
+            ) from exc
 
 
 class SqliteBackend(Backend):
@@ -292,6 +341,11 @@ class SqliteBackend(Backend):
 
     def integrity_check(self) -> str:
         return str(self.db.execute_sql("PRAGMA integrity_check").fetchone()[0])
+
+    def quick_check(self) -> str:
+        # Every page's structure, without matching indexes to their tables:
+        # a fraction of integrity_check's time.
+        return str(self.db.execute_sql("PRAGMA quick_check(1)").fetchone()[0])
 
     def connection_settings(self) -> dict[str, int | str]:
         return {

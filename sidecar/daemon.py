@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from sidecar.config import Config
+from sidecar.errors import StoreError
 from sidecar.metrics import Metrics
 from sidecar.server import Sidecar
 from sidecar.store import Store, is_dsn
@@ -28,7 +29,13 @@ def setup_logging(level: str) -> None:
 def open_store(config: Config, metrics: Metrics | None = None) -> Store:
     server = config.server
     if not is_dsn(server.db):
-        Path(server.db).parent.mkdir(parents=True, exist_ok=True)
+        directory = Path(server.db).parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create {directory} for the database {server.db}: {exc.strerror or exc}"
+            ) from None
     return Store(
         server.db,
         password=server.db_password,

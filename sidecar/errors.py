@@ -61,6 +61,13 @@ class ResourceExhausted(SidecarError):
     default_reason = "RESPONSE_TOO_LARGE"
 
 
+class DataLoss(SidecarError):
+    """The database's storage is damaged: restore from a backup."""
+
+    code = "DATA_LOSS"
+    default_reason = "DATABASE_CORRUPT"
+
+
 class Unimplemented(SidecarError):
     code = "UNIMPLEMENTED"
     default_reason = "NOT_IMPLEMENTED"

@@ -29,6 +29,7 @@ from sidecar.errors import (
     AlreadyExists,
     BudgetExceeded,
     CallerGone,
+    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -210,8 +211,16 @@ class Store:
     # --- lifecycle ----------------------------------------------------------
 
     def open(self) -> int:
-        """Connect and bring the schema up to date; return the schema version."""
+        """Connect, check the storage, bring the schema up to date; return the
+        schema version. A damaged database is refused here, before serving."""
         with self._guard(), self._db.connection_context():
+            problem = self._backend.quick_check()
+            if problem != "ok":
+                raise DataLoss(
+                    f"{self.path} is damaged ({problem}); restore it from a backup, or run "
+                    "`memory-sidecar check` for the full report",
+                    reason="DATABASE_CORRUPT",
+                )
             return self._migrate()
 
     def close(self) -> None:
