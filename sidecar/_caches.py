@@ -137,6 +137,8 @@ class LRU(Generic[K, V]):
             self.weight += weight
             if self._max_weight and weight > self._max_weight:
                 self._giant = key
+            elif key == self._giant:
+                self._giant = None  # it shrank back into the budget
             while len(self._items) > 1 and (len(self._items) > self._size or self._over_budget()):
                 # Least recently used first, but never the entry just put nor
                 # the giant: evicting an entry heavier than the whole budget

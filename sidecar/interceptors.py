@@ -203,7 +203,7 @@ class TokenFile:
         try:
             token = Path(self._path).read_bytes().strip()
         except OSError as exc:
-            return b"", f"cannot read {self._path}: {exc.strerror}"
+            return b"", f"cannot read {self._path}: {exc.strerror or exc}"
         if not token:
             return b"", f"{self._path} is empty"
         return token, ""
@@ -211,17 +211,22 @@ class TokenFile:
     def token(self) -> bytes:
         now = self._clock()
         with self._lock:
-            if now - self._checked >= 1.0:
-                self._checked = now
-                token, problem = self._read()
-                if problem:
-                    if problem != self._complaint:
-                        log.warning("auth token file: %s; keeping the last good token", problem)
-                    self._complaint = problem
-                else:
-                    if token != self._token:
-                        log.info("auth token file changed; using the new token")
-                    self._token, self._complaint = token, ""
+            due = now - self._checked >= 1.0
+            if due:
+                self._checked = now  # one caller reads; the rest go on
+        if not due:
+            return self._token
+        # Read outside the lock: a slow filesystem must not stall every call.
+        token, problem = self._read()
+        with self._lock:
+            if problem:
+                if problem != self._complaint:
+                    log.warning("auth token file: %s; keeping the last good token", problem)
+                self._complaint = problem
+            else:
+                if token != self._token:
+                    log.info("auth token file changed; using the new token")
+                self._token, self._complaint = token, ""
             return self._token
 
 

@@ -88,17 +88,40 @@ def stem(word: str) -> str:
         return word
     stemmer = getattr(_STEMMERS, "english", None)
     if stemmer is None:
-        stemmer = _STEMMERS.english = Stemmer.Stemmer("english")
+        # No cache of its own: stem() has one for all threads.
+        stemmer = _STEMMERS.english = Stemmer.Stemmer("english", 0)
     base: str = stemmer.stemWord(word)
     return base if len(base) >= MIN_CHARS else word
 
 
+MONTHS = (
+    "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+)  # fmt: skip
+_MONTH_NAMES = frozenset(MONTHS)
+_YEAR = re.compile(r"(1[89]|2[0-9])[0-9][0-9]")
+
+
+def month_term(month: str, year: str) -> str:
+    """One term for a month of a year ("july2023"): a month name alone is
+    too often an ordinary word ("may", "march") to index dates by."""
+    return f"{month}{year}"
+
+
 def terms(text: str) -> list[str]:
-    """Every stemmed, non-stopword term of the text, in order, repeats kept.
+    """Every stemmed, non-stopword term of the text, in order, repeats kept,
+    and a month-of-year term wherever a month name is followed by a year.
 
     Used to index a memory: term frequency matters to BM25.
     """
-    return [stem(word) for word in words(text) if len(word) >= MIN_CHARS and word not in STOPWORDS]
+    found: list[str] = []
+    split = words(text)
+    for i, word in enumerate(split):
+        if len(word) >= MIN_CHARS and word not in STOPWORDS:
+            found.append(stem(word))
+        if word in _MONTH_NAMES and i + 1 < len(split) and _YEAR.fullmatch(split[i + 1]):
+            found.append(month_term(word, split[i + 1]))
+    return found
 
 
 def keywords(texts: Iterable[str]) -> list[str]:

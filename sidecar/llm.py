@@ -60,10 +60,10 @@ class KeywordModel:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        raw = self._post(self.base_url.rstrip("/") + "/chat/completions", body, headers)
+        raw = self._post("/chat/completions", body, headers)
         try:
             reply = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise KeywordModelError("bad_reply", str(exc)) from None
         try:
             content = reply["choices"][0]["message"]["content"]
@@ -76,64 +76,79 @@ class KeywordModel:
             raise KeywordModelError("empty", "the reply held no usable keywords")
         return found
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> bytes:
-        """POST and read the whole reply within timeout_seconds in all.
+    def _post(self, suffix: str, body: bytes, headers: dict[str, str]) -> bytes:
+        """POST to base_url + suffix and read the whole reply within
+        timeout_seconds in all.
 
         A socket timeout bounds each read, not the call: an endpoint that
         trickles a byte at a time kept a turn waiting 7.5 s with a 1 s
         timeout. A timer shuts the socket down at the deadline, which ends
-        whatever read is waiting.
+        whatever read is waiting. Every failure is a KeywordModelError, so
+        the turn falls back to local keywords.
         """
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise KeywordModelError("unreachable", f"not an http(s) URL: {url}")
-        connection_type = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_type(parts.hostname, parts.port, timeout=self.timeout_seconds)
-        expired = threading.Event()
-        # The socket itself: http.client hands it to the response and drops
-        # its own reference once the reply headers are in.
+        timeout = f"no complete reply within {self.timeout_seconds:g} s"
+        lock = threading.Lock()
+        state = {"expired": False, "done": False}
         sockets: list[socket.socket] = []
 
         def expire() -> None:
-            expired.set()
-            for sock in sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            with lock:
+                if state["done"]:
+                    return
+                state["expired"] = True
+                for sock in sockets:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
         timer = threading.Timer(self.timeout_seconds, expire)
         timer.daemon = True
-        timer.start()
+        connection: http.client.HTTPConnection | None = None
         try:
+            parts = urllib.parse.urlsplit(self.base_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise KeywordModelError("unreachable", f"not an http(s) URL: {self.base_url}")
+            path = parts.path.rstrip("/") + suffix + (f"?{parts.query}" if parts.query else "")
+            connection_type = (
+                http.client.HTTPSConnection
+                if parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            connection = connection_type(parts.hostname, parts.port, timeout=self.timeout_seconds)
+            timer.start()
             connection.connect()
-            if connection.sock is not None:
-                sockets.append(connection.sock)
-            if expired.is_set():  # the deadline passed while connecting
-                raise TimeoutError
-            path = parts.path + (f"?{parts.query}" if parts.query else "")
+            with lock:
+                # The socket, kept: http.client hands it to the response and
+                # drops its own reference once the reply headers are in.
+                if connection.sock is not None:
+                    sockets.append(connection.sock)
+                if state["expired"]:  # the deadline passed while connecting
+                    raise TimeoutError
             connection.request("POST", path, body=body, headers=headers)
             response = connection.getresponse()
             with response:
                 data = response.read(_MAX_REPLY_BYTES + 1)
-            if expired.is_set():
+            status = response.status
+            if state["expired"]:
                 raise TimeoutError
+        except KeywordModelError:
+            raise
         except TimeoutError:
-            raise KeywordModelError(
-                "timeout", f"no complete reply within {self.timeout_seconds:g} s"
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            if expired.is_set():
-                raise KeywordModelError(
-                    "timeout", f"no complete reply within {self.timeout_seconds:g} s"
-                ) from None
-            reason = "unreachable" if isinstance(exc, ConnectionError | OSError) else "bad_reply"
+            raise KeywordModelError("timeout", timeout) from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # ValueError: a bad port or header value, an unencodable host,
+            # or an SSL socket read after the timer shut it down.
+            if state["expired"]:
+                raise KeywordModelError("timeout", timeout) from None
+            reason = "bad_reply" if isinstance(exc, http.client.HTTPException) else "unreachable"
             raise KeywordModelError(reason, str(exc) or type(exc).__name__) from None
         finally:
+            with lock:
+                state["done"] = True
             timer.cancel()
-            connection.close()
-        if response.status != 200:
-            raise KeywordModelError("http_error", f"HTTP {response.status}")
+            if connection is not None:
+                connection.close()
+        if status != 200:
+            raise KeywordModelError("http_error", f"HTTP {status}")
         if len(data) > _MAX_REPLY_BYTES:
             raise KeywordModelError("bad_reply", f"reply over {_MAX_REPLY_BYTES:,} bytes")
         return data

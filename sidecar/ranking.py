@@ -31,7 +31,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.keywords import terms
+from sidecar.keywords import MONTHS, month_term, terms
 from sidecar.memory import Memory, Tier, Usage
 
 K1 = 1.2
@@ -49,26 +49,11 @@ FloatArray = npt.NDArray[np.float64]
 TermWeights = tuple[tuple[str, float], ...]
 
 
-_MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-)
-
-
 def date_terms(moment: datetime) -> list[str]:
-    """The month and year an entry was written, as index terms: "what
-    happened in July 2023" finds what was noted then."""
-    return terms(f"{_MONTHS[moment.month - 1]} {moment.year}")
+    """The year and the month of that year an entry was written, as index
+    terms ("2023", "july2023"): "what happened in July 2023" finds what was
+    noted then, and "may" alone matches no entry's date."""
+    return [str(moment.year), month_term(MONTHS[moment.month - 1], str(moment.year))]
 
 
 def term_weights(memory: Memory) -> TermWeights:

@@ -43,14 +43,24 @@ _RTL = re.compile("[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]")
 # looks at these positions only.
 _CANDIDATES = re.compile(
     "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
-    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
-    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
-    "\U000e0020-\U000e007f\u115f\u1160\u3164\uffa0]"
+    "\u202a-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e007f\u115f\u1160\u3164\uffa0"
+    # Other default-ignorable code points: the combining grapheme joiner,
+    # Khmer inherent vowels, Mongolian variation selectors, unassigned
+    # specials and tags.
+    "\u034f\u17b4\u17b5\u180b-\u180d\u180f\ufff0-\ufff8\U000e0080-\U000e00ff"
+    "\U000e01f0-\U000e0fff]"
 )
+# Variation selectors: one after its base picks a glyph; anywhere else, or
+# in runs, they carry hidden data.
+_SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
 
 
 def _is_emoji_part(ch: str) -> bool:
     """Emoji, their modifiers and presentation selectors (ZWJ sequences)."""
+    if not ch:
+        return False
     code = ord(ch)
     return (
         code == 0xFE0F
@@ -61,10 +71,13 @@ def _is_emoji_part(ch: str) -> bool:
 
 def _is_script_letter(ch: str) -> bool:
     """A letter or mark of a script other than Latin (ZWJ and ZWNJ shape
-    Persian, Arabic and the Indic scripts; they do nothing in Latin)."""
+    Persian, Arabic and the Indic scripts; they do nothing in Latin).
+    Variation selectors are marks too, but no script's."""
     return (
-        unicodedata.category(ch)[0] in "LM"
+        bool(ch)
+        and unicodedata.category(ch)[0] in "LM"
         and not ch.isascii()
+        and not _SELECTORS.match(ch)
         and "LATIN" not in unicodedata.name(ch, "")
     )
 
@@ -98,6 +111,11 @@ def _invisible(text: str) -> str | None:
     selectors = _SELECTOR_RUN.search(text)
     if selectors:
         return selectors.group()[1]
+    for selector in _SELECTORS.finditer(text):
+        # After a Latin letter a selector selects nothing: it carries data.
+        base = text[selector.start() - 1] if selector.start() else ""
+        if not base or (base.isascii() and base.isalpha()):
+            return selector.group()
     rtl = None
     skip_to = 0
     for found in _CANDIDATES.finditer(text):
@@ -120,8 +138,10 @@ def _invisible(text: str) -> str | None:
         elif ch in _BIDI_MARKS:
             if rtl is None:  # right-to-left letters, not these marks themselves
                 rtl = _RTL.search(_CANDIDATES.sub("", text)) is not None
-            if not rtl:
-                return ch  # direction marks in text with no right-to-left script
+            if not rtl or after in _BIDI_MARKS:
+                return ch  # no right-to-left text to steer, or marks in a run
+        elif 0x180B <= ord(ch) <= 0x180F and unicodedata.name(before, "").startswith("MONGOLIAN"):
+            pass  # Mongolian free variation selectors after a Mongolian letter
         elif ch in _ISOLATE_OPENERS:
             # An isolate around right-to-left words inside other text (as
             # the W3C recommends), closed, with nothing else hidden inside.
@@ -131,12 +151,19 @@ def _invisible(text: str) -> str | None:
                 return ch
             skip_to = end + 1
         elif 0xE0020 <= ord(ch) <= 0xE007E:
-            # Tag characters spell subdivision flags (black flag, tags,
-            # cancel tag) and nothing else.
+            # Tag characters spell subdivision flags (black flag, 2 to 7 tag
+            # letters or digits such as "gbsct", cancel tag) and nothing else:
+            # models read tags as ASCII.
             end = i
             while end < len(text) and 0xE0020 <= ord(text[end]) <= 0xE007E:
                 end += 1
-            if before != _BLACK_FLAG or end >= len(text) or text[end] != _CANCEL_TAG:
+            spelled = "".join(chr(ord(c) - 0xE0000) for c in text[i:end])
+            if (
+                before != _BLACK_FLAG
+                or end >= len(text)
+                or text[end] != _CANCEL_TAG
+                or not (2 <= len(spelled) <= 7 and spelled.isalnum() and spelled.islower())
+            ):
                 return ch
             skip_to = end + 1
         else:
@@ -147,21 +174,37 @@ def _invisible(text: str) -> str | None:
 # Lines an entry could use to fake the system block's layout: a rule of box
 # drawing characters, a lone entry separator, a tier header.
 LAYOUT_LINE = re.compile(
-    r"^[ \t]*(?:[\u2500-\u257f]{3,}|§|(?:MEMORY|USER PROFILE)\s*\(.*\)\s*\[.*\])[ \t]*$",
+    r"^[^\S\n]*(?:[\u2500-\u257f]{3,}|§|(?:MEMORY|USER PROFILE)[^\S\n]*\([^\n]*\)[^\S\n]*"
+    r"\[[^\n]*\])[^\S\n]*$",
     re.MULTILINE,
 )
+_LINE_BREAKS = str.maketrans({"\r": "\n", "\u2028": "\n", "\u2029": "\n", "\x85": "\n"})
+
+
+def _lines(text: str) -> str:
+    """The text with every line break a renderer honours made a newline."""
+    return text.replace("\r\n", "\n").translate(_LINE_BREAKS)
+
 
 _SECRETS = (
-    r"(?:\b(?:conversations?|chat\s+(?:log|history)|messages|secrets?|api[\s_-]?keys?|"
+    r"(?:\b(?:conversations?|chat\s+(?:log|history)|messages?|secrets?|api[\s_-]?keys?|"
     r"passwords?|(?:session\s+|access\s+)?tokens?|credentials?|ssh|private\s+keys?|"
-    r"personal\s+data|user'?s?\s+data|system\s+prompt|memories)\b|\.env\b)"
+    r"personal\s+data|user'?s?\s+data|system\s+prompt|memories|"
+    r"everything\s+the\s+user\s+(?:says|writes|types))\b|\.env\b)"
 )
-_DESTINATION = r"\b(?:to|via|into)\b.{0,30}(?:https?://|webhook|\S+@\S+\.\w+)"
+# Bounded everywhere: content is up to 8,192 characters, and an unbounded
+# run inside a pattern that can fail late is quadratic on hostile input.
+_DESTINATION = (
+    r"\b(?:to|via|into)\b.{0,30}(?:https?://|webhook|[^\s@]{1,64}@[^\s@]{1,253}\.\w{1,63})"
+)
 _SEND = r"\b(?:send|post|upload|forward|exfiltrate|transmit|leak|e-?mail|copy)\b"
 
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern, re.IGNORECASE | re.MULTILINE))
-    for name, pattern in (
+# (finding, pattern, whether a prohibition just before it makes it advice,
+# words it cannot match without: lowercase, checked before the pattern runs
+# so plain notes skip most of the work)
+_RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE | re.MULTILINE), negatable, needles)
+    for name, pattern, negatable, needles in (
         (
             "ignore_instructions",
             r"\b(ignore|disregard|forget|override)\b.{0,40}\b(previous|prior|above|earlier|all|"
@@ -177,14 +220,21 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"\bignora\w*\s+(todas\s+)?las\s+instrucciones\s+(anteriores|previas)\b|"
             r"\bignore[rz]?\s+(toutes\s+)?les\s+instructions\s+(pr[eé]c[eé]dentes|"
             r"ant[eé]rieures)\b",
+            False,
+            (
+                "ignor", "disregard", "forget", "overrid", "void", "cancel", "revoked", "null",
+                "lifted", "disabled", "suspended", "longer", "bypass", "disable", "turn", "reset",
+            ),
         ),
         (
             "new_instructions",
             r"\b(new|updated|real|actual)\s+(system\s+)?instructions?\s*:|"
             r"\byour\s+new\s+(role|instructions?|task)\s*(is\b|:)|"
             r"\bfollow\s+(the\s+)?instructions\s+(in|from|at)\s+(it|this|that|https?://)|"
-            r"\b(fetch|load|download|read|open)\b.{0,20}https?://\S+.{0,80}\b(follow|obey|"
+            r"\b(fetch|load|download|read|open)\b.{0,20}https?://[^\s]{1,300}.{0,80}\b(follow|obey|"
             r"execute|run)\b",
+            False,
+            ("instruction", "new", "http"),
         ),
         (
             "role_override",
@@ -199,7 +249,11 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"\b(developer|god|dan)\s+mode\s+(is\s+)?(enabled|on|activated)\b|"
             r"\bsystem\s+override\b|"
             r"\b(respond|answer|reply)\s+without\s+(any\s+)?(filters|restrictions|limits|"
-            r"safety)\b|\bwithout\s+any\s+safety\s+(rules|guidelines|filters|restrictions)\b",
+            r"safety)\b|\bwithout\s+any\s+safety\s+(rules|guidelines|filters|restrictions)\b|"
+            r"\byou\s+(now\s+)?have\s+no\s+(rules|restrictions|limits|guidelines|filters)\b|"
+            r"\byou\s+are\s+now\b.{0,40}\band\s+have\s+no\s+(rules|restrictions|limits)\b",
+            False,
+            ("now", "act", "behave", "pretend", "mode", "override", "without", "have no"),
         ),
         (
             "system_prompt",
@@ -208,68 +262,98 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             r"<\s*/?\s*(system|assistant|instructions?)\s*>|\[/?INST\]|<<\s*/?\s*SYS\s*>>|"
             r"<\|(im_start|im_end|start_header_id|end_header_id|eot_id|begin_of_text|"
             r"endoftext|system|user|assistant)\|>|"
-            r"^\s*#{1,6}\s*(system|assistant)(\s+(prompt|message))?\s*(:.*)?$|"
-            r"^\s*assistant\s*:.*\n\s*user\s*:|"
+            r"^[^\S\n]*#{1,6}[^\S\n]*(system|assistant)([^\S\n]+(prompt|message))?[^\S\n]*"
+            r"(:[^\n]*)?$|"
+            r"^[^\S\n]*assistant[^\S\n]*:[^\n]*\n[^\S\n]*user[^\S\n]*:|"
             r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,30}\b(your\s+|the\s+)?"
             r"(system\s+prompt|hidden\s+instructions)\b|"
             r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,20}\byour\s+(\w+\s+)?"
             r"(instructions|prompt|rules)\b",
+            False,
+            ("<", "[", "#", "assistant", "reveal", "print", "show", "repeat", "leak", "output",
+             "dump"),
         ),
         (
             "exfiltration",
-            # Sending something sensitive somewhere, not "send the weekly
-            # report to reports@example.com"; uploading a secret file with
-            # curl, not "curl -d @payload.json"; tracking images that carry
-            # data, not a CI badge.
+            # Sending something sensitive somewhere: not "send the weekly
+            # report to reports@example.com".
             rf"{_SEND}.{{0,80}}{_SECRETS}.{{0,60}}{_DESTINATION}|"
-            rf"{_SECRETS}.{{0,60}}{_SEND}.{{0,40}}{_DESTINATION}|"
-            r"\b(curl|wget)\b[^\n]{0,120}\s(-d|--data\S*|-F|--form|-T|--upload-file|--post-data|"
-            r"--post-file)[\s=]+['\"]?[^\s'\"]*(\.ssh|id_rsa|id_ed25519|\.env\b|/etc/passwd|"
-            r"/etc/shadow|\.aws|\.netrc|credentials|\.git-credentials|\.npmrc|\.pypirc|"
-            r"\$\((cat|env|printenv))|"
+            rf"{_SECRETS}.{{0,60}}{_SEND}.{{0,40}}{_DESTINATION}",
+            True,
+            ("http", "webhook", "@"),
+        ),
+        (
+            "exfiltration",
+            # Uploading a secret file with curl (not "curl -d @payload.json"),
+            # or piping one to the network.
+            r"\b(curl|wget)\b[^\n]{0,120}\s(-d|--data\S{0,20}|-F|--form|-T|--upload-file|"
+            r"--post-data|--post-file)[\s=]{1,5}['\"]?[^\s'\"]{0,200}(\.ssh|id_rsa|id_ed25519|"
+            r"\.env\b|/etc/passwd|/etc/shadow|\.aws|\.netrc|credentials|\.git-credentials|\.npmrc|"
+            r"\.pypirc|\$\((cat|env|printenv))|"
             r"\b(cat|base64|tar|gzip)\b[^\n|]{0,60}(\.ssh|\.aws|\.env\b|credentials|id_rsa|"
-            r"/etc/passwd|/etc/shadow|\.netrc)[^\n]{0,40}\|\s*(nc|ncat|netcat|curl|wget|socat)\b|"
-            rf"{_SECRETS}.{{0,40}}https?://\S*[?&][\w.-]+=(?=\s|$|[\"')\]])|"
-            r"!\[[^\]]*\]\(\s*https?://[^)]*[?&][^)]*(\{|%7b|\$|=[\w+/=%-]{32,})|"
-            r"https?://\S*\?\S*=\{",
+            r"/etc/passwd|/etc/shadow|\.netrc)[^\n]{0,40}\|\s{0,5}(nc|ncat|netcat|curl|wget|"
+            r"socat)\b",
+            False,
+            ("curl", "wget", "|"),
         ),
         (
             "credential_request",
             # Telling the model to disclose secrets in what it says; "never
-            # paste secrets into Slack" is advice (negations are skipped).
+            # paste secrets into Slack" is advice.
             r"\b(include|append|reveal|share|send|print|output|paste|tell|give)\b.{0,30}"
             r"\b(api[\s_-]?keys?|passwords?|passphrases?|secrets?|credentials?|tokens?|"
             r"ssh\s+keys?|private\s+keys?)\b.{0,40}\b(in|into|to|with|at\s+the\s+end\s+of)\b"
             r".{0,20}\b(replies|reply|responses?|answers?|output|messages?|every|each|chat)\b|"
             r"\b(reveal|share|print|output|tell\s+me)\b.{0,20}\b(the\s+|your\s+)?(api[\s_-]?keys?|"
-            r"passwords?|secrets?|credentials?)\b",
+            r"passwords?|secrets?|credentials?)\b|"
+            r"\b(api[\s_-]?keys?|passwords?|secrets?|credentials?|tokens?)\b.{0,30}\b(share|"
+            r"reveal|give|send)\s+(it|them)\s+(with|to)\s+(anyone|everyone|whoever|any\s+user)\b",
+            True,
+            ("include", "append", "reveal", "share", "send", "print", "output", "paste", "tell",
+             "give"),
         ),
     )
-)
-# Words a pattern cannot match without (lowercase): a pattern runs only on
-# text holding one of them, so plain notes skip most of the work.
-_NEEDLES = {
-    "ignore_instructions": (
-        "ignor", "disregard", "forget", "overrid", "void", "cancel", "revoked", "null",
-        "lifted", "disabled", "suspended", "no longer", "bypass", "disable", "turn off", "reset",
-    ),
-    "new_instructions": ("instruction", "new", "http"),
-    "role_override": ("now", "act", "behave", "pretend", "mode", "override", "without"),
-    "system_prompt": (
-        "<", "[", "#", "assistant", "reveal", "print", "show", "repeat", "leak", "output", "dump",
-    ),
-    "exfiltration": ("http", "webhook", "@", "|", "curl", "wget"),
-    "credential_request": (
-        "include", "append", "reveal", "share", "send", "print", "output", "paste", "tell", "give",
-    ),
-}  # fmt: skip
+)  # fmt: skip
+
+# URLs, found in one linear pass and judged in Python: a query holding a
+# template placeholder, or a long encoded value in an image (a tracking
+# beacon carrying data; a CI badge's "?branch=main" is fine), or a secret
+# handed to a URL that ends in an empty parameter.
+_URL = re.compile(r"(!\[[^\]\n]{0,200}\]\(\s{0,5})?(https?://[^\s)\]>\"']++)", re.IGNORECASE)
+_SECRET_BEFORE = re.compile(_SECRETS + r"[^\n]{0,40}$", re.IGNORECASE)
+_LONG_VALUE = re.compile(r"=[\w+/=%-]{32,}")
+
+
+def _url_finding(folded: str) -> str | None:
+    for match in _URL.finditer(folded):
+        image, url = match.group(1), match.group(2)
+        _, _, query = url.partition("?")
+        if not query:
+            continue
+        if (
+            "={" in query
+            or "=%7b" in query.lower()
+            or (image and ("{" in query or "$" in query or _LONG_VALUE.search(query)))
+        ):
+            return match.group()
+        if (query.endswith("=") or "=&" in query) and _SECRET_BEFORE.search(
+            folded, 0, match.start()
+        ):
+            return match.group()
+    return None
+
+
 # The per-turn block's own tags, written into an entry to fake entries.
 _FAKE_TAGS = re.compile(r"<\s*/?\s*memor(y|ies)\b[^>]*>", re.IGNORECASE)
-# A refusal or prohibition just before a match makes it advice, not an order.
+# A refusal or prohibition just before a match (in the same clause) makes it
+# advice, not an order, unless the words between undo it ("do not forget to
+# include your password").
 _NEGATED = re.compile(
-    r"\b(never|not|don't|do\s+not|must\s+not|mustn't|avoid)\W+(\w+\W+){0,2}$", re.I
+    r"\b(never|not|don't|do\s+not|must\s+not|mustn't|avoid)[^\w.;:!?\n]+"
+    r"(\w+[^\w.;:!?\n]+){0,2}$",
+    re.IGNORECASE,
 )
-_NEGATABLE = frozenset({"credential_request", "exfiltration"})
+_UNDOING = re.compile(r"\b(forget|fail|hesitate|neglect|omit|skip)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,27 +362,40 @@ class Finding:
     excerpt: str
 
 
+def _negated(folded: str, start: int) -> bool:
+    before = _NEGATED.search(folded, max(0, start - 80), start)
+    return before is not None and not _UNDOING.search(before.group())
+
+
 def scan(text: str) -> Finding | None:
     """The first finding in a text, or None when it looks like plain data."""
     invisible = _invisible(text)
     if invisible:
         name = unicodedata.name(invisible, f"U+{ord(invisible):04X}")
         return Finding("invisible_unicode", name)
-    layout = LAYOUT_LINE.search(text)
+    lines = _lines(text)
+    layout = LAYOUT_LINE.search(lines)
     if layout:
         return Finding("layout_forgery", layout.group().strip()[:80])
     # Patterns match the text as it reads: compatibility forms folded, and
-    # the invisible characters allowed above removed ("ig\u00adnore").
-    folded = unicodedata.normalize("NFKC", _CANDIDATES.sub("", text))
-    # (A dotted capital I lowers to i + combining dot; patterns ignore case.)
-    lowered = folded.lower().replace("\u0307", "")
-    for name, pattern in _PATTERNS:
-        if not any(needle in lowered for needle in _NEEDLES[name]):
+    # the invisible characters allowed above and variation selectors removed
+    # ("ig\u00adnore").
+    folded = unicodedata.normalize("NFKC", _SELECTORS.sub("", _CANDIDATES.sub("", lines)))
+    # Patterns ignore case, under which a dotted capital I (lowered: i and a
+    # combining dot) and a dotless i are i; needles must see them so too.
+    lowered = folded.lower().replace("\u0307", "").replace("\u0131", "i")
+    for name, pattern, negatable, needles in _RULES:
+        if not any(needle in lowered for needle in needles):
             continue
-        for match in pattern.finditer(folded):
-            if name in _NEGATABLE and _NEGATED.search(folded, 0, match.start()):
+        position = 0
+        while (match := pattern.search(folded, position)) is not None:
+            if negatable and _negated(folded, match.start()):
+                position = match.start() + 1  # an order may still follow inside
                 continue
             return Finding(name, match.group()[:80])
+    url = _url_finding(folded)
+    if url:
+        return Finding("exfiltration", url[:80])
     tags = _FAKE_TAGS.search(folded)
     if tags:
         return Finding("layout_forgery", tags.group()[:80])
@@ -309,4 +406,4 @@ def neutralise_layout(text: str) -> str:
     """The text with any line that would read as part of the system block's
     layout (a rule, a lone separator, a tier header) put in brackets, so an
     entry can never add a rule, header or separator to the frozen block."""
-    return LAYOUT_LINE.sub(lambda m: f"[{m.group().strip()}]", text)
+    return LAYOUT_LINE.sub(lambda m: f"[{m.group().strip()}]", _lines(text))

@@ -213,3 +213,32 @@ def test_the_timeout_bounds_the_whole_call_not_each_read(
     assert fallbacks(running, "timeout") == 1
     assert "Melanie paints" in turn.turn_context
     assert chat.cut_off.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "api_key"),
+    [
+        ("http://127.0.0.1:99999/v1", "k"),  # no such port
+        ("http://127.0.0.1:abc/v1", "k"),
+        ("http://a..b/v1", "k"),  # a host name that cannot be encoded
+        ("http://127.0.0.1:9/v1", "line\nbreak"),  # a key that is no header value
+    ],
+)
+def test_a_misconfigured_endpoint_falls_back_instead_of_failing(
+    make_sidecar: MakeSidecar, base_url: str, api_key: str
+) -> None:
+    running = make_sidecar(
+        f"""
+defaults:
+  inject_system_block: false
+  inject_memories_strategy: llm
+  keyword_llm_base_url: "{base_url}"
+  keyword_llm_model: m
+  keyword_llm_api_key_env: KEYWORD_API_KEY
+""",
+        environ={"KEYWORD_API_KEY": api_key},
+    )
+    running.add("Melanie paints landscapes on weekends", scope=SCOPE)
+    turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert fallbacks(running, "unreachable") == 1
+    assert "Melanie paints" in turn.turn_context
