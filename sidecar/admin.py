@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,11 +41,45 @@ class CommandFailed(SidecarError):
 # --- online ------------------------------------------------------------------
 
 
+_INT64 = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _numbers(message: Any, value: dict[str, Any]) -> dict[str, Any]:
+    """64-bit integers as JSON numbers: protobuf's JSON mapping writes them
+    as strings (for JavaScript's sake), which scripts then have to convert."""
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in value:
+            continue
+        repeated = field.is_repeated
+        if field.type in _INT64:
+            item = value[field.name]
+            value[field.name] = [int(i) for i in item] if repeated else int(item)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and isinstance(
+            value[field.name], dict | list
+        ):
+            children = getattr(message, field.name)
+            if repeated:
+                for child, child_value in zip(children, value[field.name], strict=True):
+                    if isinstance(child_value, dict):
+                        _numbers(child, child_value)
+            else:
+                _numbers(children, value[field.name])
+    return value
+
+
 def _as_dict(message: Any) -> dict[str, Any]:
     result: dict[str, Any] = MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    return result
+    return _numbers(message, result)
 
 
 def _when(stamp: Any) -> str:
@@ -130,20 +165,33 @@ class Online:
 
     def call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self.stub, method)(request, timeout=self.args.timeout)
+            # A daemon still starting is waited for, up to --timeout.
+            return getattr(self.stub, method)(
+                request, timeout=self.args.timeout, wait_for_ready=True
+            )
         except grpc.RpcError as exc:
             code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise CommandFailed(
-                    f"cannot reach memory-sidecar at {self.address}: {exc.details()}"
-                ) from None
             status = rpc_status.from_call(exc)
             reason = ""
             for detail in status.details if status else ():
                 info = error_details_pb2.ErrorInfo()
                 if detail.Unpack(info):
-                    reason = f" ({info.reason})"
-            raise CommandFailed(f"{method} failed: {code.name}{reason}: {exc.details()}") from None
+                    reason = info.reason
+            # No reason: gRPC's own failure (nothing listening, or still
+            # starting when --timeout ran out), not the daemon's answer.
+            transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if code in transport and not reason:
+                raise CommandFailed(
+                    f"cannot reach memory-sidecar at {self.address} within "
+                    f"{self.args.timeout:g} s: {exc.details()}"
+                ) from None
+            if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
+                raise CommandFailed(
+                    f"{method} failed: no such memory in the default scope; memories live in "
+                    "their scope: pass --agent-id for agent notes, --user-id for the user profile"
+                ) from None
+            shown = f" ({reason})" if reason else ""
+            raise CommandFailed(f"{method} failed: {code.name}{shown}: {exc.details()}") from None
 
     def run(self) -> int:
         try:
@@ -227,6 +275,12 @@ class Online:
         return 0
 
     def do_update(self) -> int:
+        if (
+            self.args.content is None
+            and self.args.category is None
+            and (self.args.confidence is None)
+        ):
+            raise CommandFailed("update needs --content, --category or --confidence")
         request = pb.UpdateMemoryRequest(scope=self.scope, id=self.args.id)
         if self.args.content is not None:
             request.content = self.args.content

@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
         help="SQLite synchronous setting: normal survives a process crash, "
         "full also survives power loss",
     )
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
+    )
     serve.add_argument(
         "--auth-token-file", metavar="FILE", help="require this bearer token on every API call"
     )
@@ -78,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         help="allow a non-loopback API address without a token",
     )
     serve.add_argument("--tls-cert-file", metavar="FILE", help="serve the API over TLS")
-    serve.add_argument("--tls-key-file", metavar="FILE")
+    serve.add_argument("--tls-key-file", metavar="FILE", help="the TLS certificate's key")
     serve.add_argument(
         "--tls-client-ca-file",
         metavar="FILE",
@@ -96,12 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     health = commands.add_parser(
         "health", help="check a daemon's grpc.health.v1 status (exit 0 when SERVING)"
     )
-    health.add_argument("--config", metavar="FILE")
+    health.add_argument("--config", metavar="FILE", help="YAML configuration (for the address)")
     health.add_argument(
         "--address", metavar="ADDR", help="default: the configured health listener, else the API"
     )
     health.add_argument("--service", default="", help="service name (default: the server)")
-    health.add_argument("--timeout", type=float, default=3.0, metavar="S")
+    health.add_argument(
+        "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait (default 3)"
+    )
 
     _add_online(commands)
     _add_offline(commands, common)
@@ -147,30 +151,35 @@ def _add_online(commands: Any) -> None:
     tiers = ("memory", "user", "both")
 
     add = commands.add_parser("add", parents=[online], help="add a memory")
-    add.add_argument("content")
-    add.add_argument("--tier", choices=tiers[:2], default="memory")
-    add.add_argument("--category", default="")
-    add.add_argument("--confidence", type=_confidence)
+    add.add_argument("content", help="what to remember")
+    add.add_argument(
+        "--tier",
+        choices=tiers[:2],
+        default="memory",
+        help="memory: agent notes (the agent's); user: user profile (the user's)",
+    )
+    add.add_argument("--category", default="", help="a label to filter by")
+    add.add_argument("--confidence", type=_confidence, help="0 to 1 (default 1)")
 
     lst = commands.add_parser("list", parents=[online], help="list memories and usage")
-    lst.add_argument("--tier", choices=tiers, default="both")
-    lst.add_argument("--category", default="")
+    lst.add_argument("--tier", choices=tiers, default="both", help="which tier (default both)")
+    lst.add_argument("--category", default="", help="only entries with this category")
 
     search = commands.add_parser("search", parents=[online], help="ranked search")
-    search.add_argument("query")
-    search.add_argument("--tier", choices=tiers, default="both")
-    search.add_argument("--category", default="")
-    search.add_argument("--limit", type=int, default=20)
+    search.add_argument("query", help="free text")
+    search.add_argument("--tier", choices=tiers, default="both", help="which tier (default both)")
+    search.add_argument("--category", default="", help="only entries with this category")
+    search.add_argument("--limit", type=int, default=20, help="most hits (default 20)")
     search.add_argument("--all", action="store_true", help="every keyword must match")
 
     update = commands.add_parser("update", parents=[online], help="change a memory")
-    update.add_argument("id")
-    update.add_argument("--content")
-    update.add_argument("--category")
-    update.add_argument("--confidence", type=_confidence)
+    update.add_argument("id", help="the memory's id (from list or search)")
+    update.add_argument("--content", help="new content")
+    update.add_argument("--category", help="new category")
+    update.add_argument("--confidence", type=_confidence, help="new confidence, 0 to 1")
 
     rm = commands.add_parser("rm", parents=[online], help="delete a memory")
-    rm.add_argument("id")
+    rm.add_argument("id", help="the memory's id (from list or search)")
 
     commands.add_parser("usage", parents=[online], help="each tier's budget use")
 
@@ -188,7 +197,7 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
     backup = commands.add_parser(
         "backup", parents=[common], help="copy the database (consistent while the daemon runs)"
     )
-    backup.add_argument("destination", metavar="FILE")
+    backup.add_argument("destination", metavar="FILE", help="where to write the copy")
     export = commands.add_parser(
         "export", parents=[common], help="write every memory as JSON Lines"
     )
@@ -204,7 +213,7 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
     check = commands.add_parser(
         "check", parents=[common], help="integrity check and schema version"
     )
-    check.add_argument("--json", action="store_true")
+    check.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 _SERVER_FLAGS = (

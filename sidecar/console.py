@@ -5,31 +5,71 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 
+def width(text: str) -> int:
+    """Columns a text takes in a terminal: wide (CJK, emoji) characters two,
+    combining marks none."""
+    return sum(
+        0
+        if unicodedata.combining(ch)
+        else 2
+        if unicodedata.east_asian_width(ch) in ("W", "F")
+        else 1
+        for ch in text
+    )
+
+
+def _wrap(text: str, columns: int) -> list[str]:
+    """The text in pieces of at most `columns` terminal columns."""
+    pieces, current, used = [], "", 0
+    for ch in text:
+        w = width(ch)
+        if used + w > columns and current:
+            pieces.append(current)
+            current, used = "", 0
+        current += ch
+        used += w
+    pieces.append(current)
+    return pieces
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], out: TextIO) -> None:
-    """Aligned columns; the last column is cut to fit the terminal."""
+    """Aligned columns. On a terminal the last column wraps to fit it;
+    into a pipe or a file nothing is cut or wrapped."""
     cells = [[str(c).replace("\n", " ⏎ ") for c in row] for row in rows]
-    widths = [len(h) for h in headers]
+    widths = [width(h) for h in headers]
     for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    width = shutil.get_terminal_size((120, 24)).columns
+        widths = [max(w, width(c)) for w, c in zip(widths, row, strict=True)]
     fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
-    widths[-1] = max(len(headers[-1]), min(widths[-1], width - fixed))
+    last: int | None = None  # no limit
+    if out.isatty():
+        columns = shutil.get_terminal_size((120, 24)).columns
+        last = max(width(headers[-1]), 20, columns - fixed)
 
-    def line(values: Sequence[str]) -> str:
-        parts = [v.ljust(w) for v, w in zip(values[:-1], widths, strict=False)]
-        last = values[-1]
-        if len(last) > widths[-1]:
-            last = last[: max(widths[-1] - 1, 0)] + "…"
-        return "  ".join([*parts, last]).rstrip()
+    def pad(value: str, w: int) -> str:
+        return value + " " * (w - width(value))
 
-    print(line(headers), file=out)
-    print("  ".join("─" * w for w in widths), file=out)
+    def lines(values: Sequence[str]) -> list[str]:
+        head = "  ".join(pad(v, w) for v, w in zip(values[:-1], widths, strict=False))
+        pieces = _wrap(values[-1], last) if last else [values[-1]]
+        indent = " " * (fixed if len(values) > 1 else 0)
+        joiner = "  " if len(values) > 1 else ""
+        return [(head + joiner + pieces[0]).rstrip()] + [
+            (indent + piece).rstrip() for piece in pieces[1:]
+        ]
+
+    for line in lines(headers):
+        print(line, file=out)
+    rule = [*widths[:-1], min(widths[-1], last or widths[-1])]
+    print("  ".join("─" * w for w in rule), file=out)
     for row in cells:
-        print(line(row), file=out)
+        for line in lines(row):
+            print(line, file=out)
 
 
 def emit_json(value: Any, out: TextIO) -> None:
@@ -44,6 +84,7 @@ class Progress:
         self._stream = stream or sys.stderr
         self._shown = self._stream.isatty()
         self._last = ""
+        self._drawn = float("-inf")
 
     def update(self, done: int, total: int | None = None) -> None:
         if not self._shown:
@@ -53,10 +94,13 @@ class Progress:
             if total
             else f"{self._label}: {done:,}"
         )
-        if text != self._last:
+        now = time.monotonic()
+        # At most ten redraws a second: a tight loop must not spend its time
+        # writing to the terminal.
+        if text != self._last and (now - self._drawn >= 0.1 or (total and done >= total)):
             self._stream.write("\r" + text)
             self._stream.flush()
-            self._last = text
+            self._last, self._drawn = text, now
 
     def done(self) -> None:
         if self._shown and self._last:

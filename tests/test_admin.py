@@ -245,3 +245,63 @@ def test_long_commands_show_progress_on_a_terminal(sidecar: Running, tmp_path: P
     assert "backing up (pages):" in terminal
     assert "(100%)" in terminal
     assert "backed up" in out
+
+
+def test_every_option_has_help() -> None:
+    import argparse
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not action.help and action.dest != "help":
+                missing.append(f"{path}: {action.option_strings or action.dest}")
+
+    walk(cli._parser(), "memory-sidecar")
+    assert missing == []
+
+
+def test_json_numbers_are_numbers(sidecar: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    sidecar.add("The repo uses uv", scope=SCOPE)
+    code, out, _ = run(capsys, "inject", "uv?", "--json", *online(sidecar))
+    assert code == 0
+    shown = json.loads(out)
+    assert isinstance(shown["snapshot_generation"], int)
+    assert shown["snapshot_generation"] > 0
+
+
+def test_update_without_fields_and_ids_without_a_scope_say_what_is_missing(
+    sidecar: Running, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = sidecar.add("The repo uses uv", scope=SCOPE).memory
+    code, _, err = run(capsys, "update", memory.id, *online(sidecar))
+    assert code != 0
+    assert "needs --content, --category or --confidence" in err
+    unscoped = ["--address", sidecar.addresses.api]
+    for command in (["rm", memory.id], ["update", memory.id, "--content", "x"]):
+        code, _, err = run(capsys, *command, *unscoped)
+        assert code != 0
+        assert "--agent-id" in err, err
+        assert "Traceback" not in err
+
+
+def test_piped_tables_keep_whole_content_and_wide_characters_align(
+    sidecar: Running, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sidecar.console import width
+
+    long = "word " * 60 + "end"
+    sidecar.add(long, scope=SCOPE)
+    sidecar.add("東京の会議は火曜日", scope=SCOPE, category="会議")  # a wide category
+    code, out, _ = run(capsys, "list", "--tier", "memory", *online(sidecar))
+    assert code == 0
+    assert long in out  # nothing cut when the output is not a terminal
+    lines = [line for line in out.splitlines() if line.strip()]
+    header = lines[0]
+    content_column = width(header[: header.index("CONTENT")])
+    row = next(line for line in lines if "東京" in line)
+    assert width(row[: row.index("東京")]) == content_column
+    assert width("東京") == 4
