@@ -213,15 +213,19 @@ class Store:
     def open(self) -> int:
         """Connect, check the storage, bring the schema up to date; return the
         schema version. A damaged database is refused here, before serving."""
-        with self._guard(), self._db.connection_context():
-            problem = self._backend.quick_check()
-            if problem != "ok":
-                raise DataLoss(
-                    f"{self.path} is damaged ({problem}); restore it from a backup, or run "
-                    "`memory-sidecar check` for the full report",
-                    reason="DATABASE_CORRUPT",
-                )
-            return self._migrate()
+        try:
+            with self._guard(), self._db.connection_context():
+                problem = self._backend.quick_check()
+                if problem != "ok":
+                    raise DataLoss(
+                        f"{self.path} is damaged ({problem}); restore it from a backup, or run "
+                        "`memory-sidecar check` for the full report",
+                        reason="DATABASE_CORRUPT",
+                    )
+                return self._migrate()
+        except BaseException:
+            self.close()  # a store that failed to open holds no connection
+            raise
 
     def close(self) -> None:
         """Close every pooled connection (the last close checkpoints the WAL)."""

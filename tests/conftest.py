@@ -7,8 +7,10 @@ test against both backends; the rest run on SQLite, the embedded default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -188,6 +190,21 @@ def make_sidecar(
 @pytest.fixture
 def sidecar(make_sidecar: Callable[..., Running]) -> Running:
     return make_sidecar()
+
+
+@contextlib.contextmanager
+def sqlite_file(path: Path | str, **kwargs: Any) -> Iterator[sqlite3.Connection]:
+    """A connection to an SQLite file, committed and closed on exit.
+
+    `with sqlite3.connect(...) as conn` commits but leaves the connection
+    open, which Python 3.13 warns about (ResourceWarning).
+    """
+    conn = sqlite3.connect(path, **kwargs)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:

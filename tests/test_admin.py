@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running
+from tests.conftest import MakeSidecar, Running, sqlite_file
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 
@@ -134,7 +133,7 @@ def test_backup_is_consistent_while_the_daemon_writes(
         writer.join()
     assert code == 0
     assert "integrity ok" in out
-    with sqlite3.connect(copy) as conn:
+    with sqlite_file(copy) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         early = conn.execute("SELECT count(*) FROM memories WHERE content LIKE 'early%'")
         assert early.fetchone() == (50,)

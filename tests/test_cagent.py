@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, run_sidecar
+from tests.conftest import MakeSidecar, run_sidecar, sqlite_file
 
 CAGENT_ROWS = [
     ("0b1c", "2025-06-01T08:00:00Z", "User's shell is fish", "environment"),
@@ -22,7 +21,7 @@ CAGENT_ROWS = [
 
 
 def make_cagent_db(path: Path, *, with_category: bool = True) -> Path:
-    with sqlite3.connect(path) as conn:
+    with sqlite_file(path) as conn:
         if with_category:
             conn.execute(
                 "CREATE TABLE memories (id TEXT PRIMARY KEY, created_at TEXT, memory TEXT,"
@@ -101,7 +100,7 @@ def test_import_of_a_missing_or_foreign_file_fails_clearly(
     assert "nope.db: no such file" in capsys.readouterr().err
 
     other = tmp_path / "other.db"
-    with sqlite3.connect(other) as conn:
+    with sqlite_file(other) as conn:
         conn.execute("CREATE TABLE notes (x TEXT)")
     conn.close()
     code = cli.main(["import-cagent", str(other), "--agent-id", "a", "--db", db], environ={})

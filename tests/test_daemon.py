@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import MakeSidecar, error_info, refused, run_sidecar, spawn_daemon
+from tests.conftest import MakeSidecar, error_info, refused, run_sidecar, spawn_daemon, sqlite_file
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -69,7 +69,7 @@ def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
     assert any("stopped" in line for line in daemon.log)
     # Closing the last connection checkpoints and removes the WAL.
     assert not Path(f"{db}-wal").exists()
-    with sqlite3.connect(db) as conn:
+    with sqlite_file(db) as conn:
         assert conn.execute("SELECT content FROM memories").fetchall() == [("survives restarts",)]
     conn.close()
 
@@ -171,7 +171,7 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
     assert isinstance(response, pb.AddMemoryResponse)
     assert response.created
     running.store.close()
-    with sqlite3.connect(running.db_path) as conn:
+    with sqlite_file(running.db_path) as conn:
         rows = conn.execute("SELECT content FROM memories").fetchall()
     conn.close()
     assert rows == [("written during shutdown",)]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import sqlite3
 from typing import Any
 
 import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import Running, error_info, refused
+from tests.conftest import Running, error_info, refused, sqlite_file
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 EXISTING = "<existing>"  # replaced by the id of a stored memory
@@ -237,7 +236,7 @@ def test_confidence_edges_are_accepted(sidecar: Running) -> None:
 
 def test_an_unexpected_failure_is_internal_without_leaking_details(sidecar: Running) -> None:
     # Break the database underneath the running server: the table disappears.
-    with sqlite3.connect(sidecar.db_path) as conn:
+    with sqlite_file(sidecar.db_path) as conn:
         conn.execute("ALTER TABLE memories RENAME TO gone")
     error = refused(sidecar.list, scope=SCOPE)
     assert error.code() == grpc.StatusCode.INTERNAL

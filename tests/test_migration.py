@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.errors import StoreError
 from sidecar.store import SCHEMA_VERSION, Store
-from tests.conftest import MakeSidecar
+from tests.conftest import MakeSidecar, sqlite_file
 
 # Rows as a schema-1 store held them: one flat table of agent notes, with
 # the timestamp formats older writers used, odd content, and duplicates.
@@ -27,7 +26,7 @@ LEGACY_ROWS = [
 
 
 def build_schema_1(path: Path) -> None:
-    with sqlite3.connect(path) as conn:
+    with sqlite_file(path) as conn:
         conn.executescript(
             """
             CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -97,7 +96,7 @@ def test_migration_is_recorded_and_runs_once(tmp_path: Path) -> None:
     assert store.open() == 4
     assert store.integrity_check() == "ok"
     store.close()
-    with sqlite3.connect(path) as conn:
+    with sqlite_file(path) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
         # Schema 4 sums each partition once, into its state row.
         assert (
@@ -122,17 +121,18 @@ def test_a_fresh_database_gets_the_current_schema(tmp_path: Path) -> None:
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
-    Store(str(path)).open()
-    with sqlite3.connect(path) as conn:
+    store = Store(str(path))
+    store.open()
+    store.close()
+    with sqlite_file(path) as conn:
         conn.execute("UPDATE schema_version SET version = 99")
-    conn.close()
     with pytest.raises(StoreError, match="schema version 99, newer than"):
         Store(str(path)).open()
 
 
 def test_a_cagent_file_is_not_opened_as_a_store(tmp_path: Path) -> None:
     path = tmp_path / "cagent.db"
-    with sqlite3.connect(path) as conn:
+    with sqlite_file(path) as conn:
         conn.execute("CREATE TABLE memories (id TEXT PRIMARY KEY, created_at TEXT, memory TEXT)")
     conn.close()
     with pytest.raises(StoreError, match="import-cagent"):
