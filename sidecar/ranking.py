@@ -124,7 +124,7 @@ class _Lineage:
     partition that ends where the storage ends may append in place; any
     other (an older one written again) copies."""
 
-    __slots__ = ("arrays", "findings", "lock", "memories", "size", "tokens")
+    __slots__ = ("arrays", "findings", "lock", "memories", "size", "terms", "tokens")
 
     def __init__(
         self,
@@ -137,6 +137,9 @@ class _Lineage:
         self.memories, self.findings, self.tokens = memories, findings, tokens
         self.arrays = arrays
         self.size = len(memories)
+        # term -> (indices buffer, weights buffer, filled): postings that
+        # grow in place the same way, made on a term's first append.
+        self.terms: dict[str, tuple[IntArray, FloatArray, int]] = {}
 
     def append(self, size: int, memory: Memory, finding: str | None, tokens: int) -> _Lineage:
         """Storage holding the first `size` entries and then this one."""
@@ -166,6 +169,35 @@ class _Lineage:
                 [*self.tokens[:size], tokens],
                 arrays,
             )
+
+    def grow_postings(
+        self,
+        postings: dict[str, tuple[IntArray, FloatArray]],
+        weights: TermWeights,
+        index: int,
+    ) -> None:
+        """Add entry `index` to each weighted term's postings (a copy of the
+        partition's dict, changed here). Call on the lineage `append` just
+        returned: a term's buffer is written past the end of every view of
+        it, as the columns are, so a common term (every entry's year) costs
+        O(1), not a copy of its postings."""
+        with self.lock:
+            for term, weight in weights:
+                indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
+                n = len(indices)
+                held = self.terms.get(term)
+                if held is not None and held[2] == n and indices.base is held[0]:
+                    idx, val, _ = held
+                    if n == len(idx):
+                        idx = np.concatenate([idx, np.empty(n, dtype=idx.dtype)])
+                        val = np.concatenate([val, np.empty(n, dtype=val.dtype)])
+                else:
+                    idx = np.empty(max(4, 2 * (n + 1)), dtype=np.int64)
+                    val = np.empty(len(idx), dtype=np.float64)
+                    idx[:n], val[:n] = indices, values
+                idx[n], val[n] = index, weight
+                self.terms[term] = (idx, val, n + 1)
+                postings[term] = (idx[: n + 1], val[: n + 1])
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -286,9 +318,6 @@ class Partition:
         # this partition keep seeing it unchanged.
         postings = dict(self.postings)
         weights = term_weights(memory)
-        for term, weight in weights:
-            indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
-            postings[term] = (np.append(indices, index), np.append(values, weight))
         finding = scan(memory)
         lineage = self.lineage or _Lineage(
             list(self.memories),
@@ -297,6 +326,7 @@ class Partition:
             (self.confidence, self.recency, self.seq),
         )
         lineage = lineage.append(index, memory, finding, count_tokens(memory.content))
+        lineage.grow_postings(postings, weights, index)
         size = index + 1
         confidence, recency, seq = (a[:size] for a in lineage.arrays)
         return Partition(
