@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 DB ?= var/memory.db
@@ -13,7 +14,15 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+# `make run` needs the daemon's own packages only (and the postgres extra,
+# for a DSN), not the test and lint tools.
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[postgres]'
+	touch $(RUN_STAMP)
 
 # buf (for `buf lint`) ships on npm; without npm the lint test is skipped.
 $(BUF):
@@ -36,7 +45,7 @@ $(NODE_EXAMPLE): examples/node/package.json examples/node/package-lock.json
 
 node-example: $(NODE_EXAMPLE)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
 	$(BIN)/memory-sidecar serve --db $(DB)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from sidecar import config
 from tests.conftest import ROOT, Running
@@ -38,3 +39,18 @@ def test_readme_names_the_two_commands() -> None:
     assert "make run" in readme
     assert "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_make_run_installs_the_daemon_without_the_dev_tools(tmp_path: Path) -> None:
+    # A dry run against a venv that does not exist yet: what a fresh machine
+    # would do.
+    planned = subprocess.run(
+        ["make", "-n", "run", f"VENV={tmp_path}/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installs = [line for line in planned.splitlines() if "pip install" in line and " -e " in line]
+    assert installs == [f"{tmp_path}/venv/bin/python -m pip install --quiet -e '.[postgres]'"]
+    assert "memory-sidecar serve" in planned
