@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -495,6 +495,15 @@ def bench_concurrency(report: Report, work: Path, corpus: Corpus, seconds: float
     )
 
 
+def turns(stub: Any, sessions: Iterable[tuple[str, str]]) -> None:
+    """One turn for each (agent_id, session_id): opens those sessions."""
+    for agent_id, session_id in sessions:
+        stub.InjectForTurn(
+            pb.InjectForTurnRequest(scope=pb.Scope(agent_id=agent_id), session_id=session_id),
+            timeout=10,
+        )
+
+
 def bench_memory(report: Report, work: Path, corpus: Corpus, many: int) -> None:
     db = work / "sessions.db"
     notes = list(corpus.memories(300))
@@ -510,13 +519,7 @@ def bench_memory(report: Report, work: Path, corpus: Corpus, many: int) -> None:
         stub = pb_grpc.MemoryServiceStub(channel)
 
         def open_sessions(first: int, last: int) -> None:
-            for i in range(first, last):
-                stub.InjectForTurn(
-                    pb.InjectForTurnRequest(
-                        scope=pb.Scope(agent_id=f"agent-{i % 100}"), session_id=f"s{i}"
-                    ),
-                    timeout=10,
-                )
+            turns(stub, ((f"agent-{i % 100}", f"s{i}") for i in range(first, last)))
 
         base = d.rss_bytes()
         open_sessions(0, 100)
@@ -545,13 +548,7 @@ def bench_memory(report: Report, work: Path, corpus: Corpus, many: int) -> None:
             stub = pb_grpc.MemoryServiceStub(channel)
 
             def agents(first: int, last: int) -> None:
-                for i in range(first, last):
-                    stub.InjectForTurn(
-                        pb.InjectForTurnRequest(
-                            scope=pb.Scope(agent_id=f"new-agent-{i}"), session_id="s"
-                        ),
-                        timeout=10,
-                    )
+                turns(stub, ((f"new-agent-{i}", "s") for i in range(first, last)))
 
             agents(0, 100)
             before = d.rss_bytes()

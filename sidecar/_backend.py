@@ -22,6 +22,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from sidecar.changes import ChangeFeed, OnChange
+from sidecar.errors import (
+    DataLoss,
+    FailedPrecondition,
+    ResourceExhausted,
+    SidecarError,
+    Unavailable,
+)
 
 SCHEMA_TABLE = "schema_version"
 STATE_TABLE = "tier_state"
@@ -47,6 +54,21 @@ class FeedSettings:
 
     poll_seconds: float
     heartbeat_seconds: float
+
+
+# Storage faults, by reason, and the status each is on both backends.
+_STORAGE_FAULTS: dict[str, type[SidecarError]] = {
+    "STORAGE_FULL": ResourceExhausted,
+    "DATABASE_READ_ONLY": FailedPrecondition,
+    "DATABASE_CORRUPT": DataLoss,
+    "DATABASE_IO_ERROR": Unavailable,
+}
+
+
+def storage_fault(reason: str, message: str) -> SidecarError:
+    """The error for a storage fault: a full disk, a read-only or damaged
+    database, a failing disk."""
+    return _STORAGE_FAULTS[reason](message, reason=reason)
 
 
 class ErrorGuard(abc.ABC):

@@ -29,9 +29,6 @@ from sidecar import _backend
 from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import (
-    DataLoss,
-    FailedPrecondition,
-    ResourceExhausted,
     StoreError,
     Unavailable,
 )
@@ -167,12 +164,7 @@ class ErrorGuard(_backend.ErrorGuard):
         state = original.sqlstate or ""
         if state in _STORAGE:
             reason, why = _STORAGE[state]
-            kind = {
-                "STORAGE_FULL": ResourceExhausted,
-                "DATABASE_READ_ONLY": FailedPrecondition,
-                "DATABASE_CORRUPT": DataLoss,
-            }[reason]
-            raise kind(f"{why} ({self.location})", reason=reason) from exc
+            raise _backend.storage_fault(reason, f"{why} ({self.location})") from exc
         if state in _BUSY:
             raise Unavailable(_BUSY[state], reason="DATABASE_BUSY") from exc
         # Cannot connect (08), shutting down (57P), refused login (28), no

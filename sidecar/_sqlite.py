@@ -23,9 +23,6 @@ from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, 
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
 from sidecar.errors import (
-    DataLoss,
-    FailedPrecondition,
-    ResourceExhausted,
     StoreError,
     Unavailable,
 )
@@ -222,6 +219,34 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
 # SQLite's primary result codes (the low byte of an extended code).
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 8, 10, 11
 _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
+# (result code, words of its message, reason, what to tell the client)
+_FAULTS = (
+    (
+        _SQLITE_FULL,
+        "disk is full",
+        "STORAGE_FULL",
+        "no room left to write {location}: the disk (or its quota) is full; nothing was changed",
+    ),
+    (
+        _SQLITE_READONLY,
+        "readonly database",
+        "DATABASE_READ_ONLY",
+        "{location} cannot be written (a read-only file, directory or mount); reads still work",
+    ),
+    (
+        _SQLITE_CORRUPT,
+        "malformed",
+        "DATABASE_CORRUPT",
+        "{location} is damaged ({text}); stop writing to it and restore from a backup "
+        "(`memory-sidecar check` tells more)",
+    ),
+    (
+        _SQLITE_IOERR,
+        "disk I/O error",
+        "DATABASE_IO_ERROR",
+        "the disk under {location} failed to read or write ({text}); retry",
+    ),
+)
 
 
 class ErrorGuard(_backend.ErrorGuard):
@@ -237,38 +262,20 @@ class ErrorGuard(_backend.ErrorGuard):
                 "the database stayed locked past the busy timeout; retry",
                 reason="DATABASE_BUSY",
             ) from exc
-        if code == _SQLITE_FULL or "disk is full" in text:
-            raise ResourceExhausted(
-                f"no room left to write {self.location}: the disk (or its quota) is full; "
-                "nothing was changed",
-                reason="STORAGE_FULL",
-            ) from exc
-        if code == _SQLITE_READONLY or "readonly database" in text:
-            raise FailedPrecondition(
-                f"{self.location} cannot be written (a read-only file, directory or mount); "
-                "reads still work",
-                reason="DATABASE_READ_ONLY",
-            ) from exc
-        if code == _SQLITE_CORRUPT or "malformed" in text:
-            raise DataLoss(
-                f"{self.location} is damaged ({text}); stop writing to it and restore from a "
-                "backup (`memory-sidecar check` tells more)",
-                reason="DATABASE_CORRUPT",
-            ) from exc
-        if code == _SQLITE_IOERR or "disk I/O error" in text:
-            raise Unavailable(
-                f"the disk under {self.location} failed to read or write ({text}); retry",
-                reason="DATABASE_IO_ERROR",
-            ) from exc
+        for fault_code, words, reason, message in _FAULTS:
+            if code == fault_code or words in text:
+                raise _backend.storage_fault(
+                    reason, message.format(location=self.location, text=text)
+                ) from exc
         if code == _SQLITE_NOTADB or "file is not a database" in text:
             raise StoreError(f"{self.location} is not an SQLite database") from exc
         if code == _SQLITE_CANTOPEN or "unable to open database" in text:
             path = Path(self.location)
             if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
-                raise FailedPrecondition(
+                raise _backend.storage_fault(
+                    "DATABASE_READ_ONLY",
                     f"{self.location} cannot be written (a read-only file, directory or mount; "
                     "SQLite also creates -wal and -shm files beside it)",
-                    reason="DATABASE_READ_ONLY",
                 ) from exc
             raise StoreError(
                 f"cannot open {self.location}: its directory must exist and be writable"
