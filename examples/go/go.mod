@@ -1,0 +1,3 @@
+module example.com/memoryclient
+
+go 1.19
