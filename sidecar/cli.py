@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
         "--auth-token-file", metavar="FILE", help="require this bearer token on every API call"
     )
     serve.add_argument(
+        "--auth-tokens-file",
+        metavar="FILE",
+        help="also accept these bearer tokens, each limited to the agents and users it lists",
+    )
+    serve.add_argument(
         "--insecure",
         action="store_const",
         const="true",
@@ -226,6 +231,7 @@ _SERVER_FLAGS = (
     "durability",
     "log_level",
     "auth_token_file",
+    "auth_tokens_file",
     "insecure",
     "tls_cert_file",
     "tls_key_file",

@@ -83,6 +83,13 @@ class Unauthenticated(SidecarError):
     default_reason = "TOKEN_INVALID"
 
 
+class PermissionDenied(SidecarError):
+    """The caller's token may not address the request's scope."""
+
+    code = "PERMISSION_DENIED"
+    default_reason = "SCOPE_FORBIDDEN"
+
+
 class CallerGone(SidecarError):
     """The caller cancelled or its deadline passed before the write began."""
 
@@ -124,6 +131,7 @@ class ConfigError(SidecarError):
     def __init__(self, key: str, problem: str) -> None:
         super().__init__(f"config: {key}: {problem}", metadata={"key": key})
         self.key = key
+        self.problem = problem
 
 
 class StoreError(SidecarError):

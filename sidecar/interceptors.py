@@ -1,4 +1,4 @@
-"""Cross-cutting concerns of every call: status mapping and call metrics.
+"""Cross-cutting concerns of every call: status mapping, call metrics, auth.
 
 ErrorInterceptor is the one place where exceptions become gRPC statuses.
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,8 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sidecar.errors import DOMAIN, ConfigError, InvalidArgument, SidecarError, Unauthenticated
+from sidecar.access import ANY, Grant, Reloading, TokensFile, granted
+from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated
 from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -176,68 +176,61 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         return call
 
 
-class TokenFile:
+class TokenFile(Reloading[bytes]):
     """A bearer token kept in a file (a mounted Kubernetes Secret, say).
 
-    Re-read at most once a second, so a rotated Secret takes effect without
-    a restart. The file's bytes are compared, not its timestamps: a rewrite
-    in place within the filesystem's timestamp granularity changes neither
-    inode nor mtime. Once serving, a file that is missing, unreadable or
-    empty (caught mid-rewrite) keeps the last good token, and says so in
-    the log once; only at start-up is it an error.
+    Re-read at most once a second, its bytes compared (see Reloading). Once
+    serving, a file that is missing, unreadable or empty (caught
+    mid-rewrite) keeps the last good token, and says so in the log once;
+    only at start-up is it an error.
     """
+
+    what = "auth token file"
+    kept = "token"
 
     def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
         self._path = path
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._checked = float("-inf")
-        self._token = b""
-        self._complaint = ""
-        token, problem = self._read()
-        if problem:
-            raise ConfigError("server.auth_token_file", problem)
-        self._token, self._checked = token, clock()
+        super().__init__("server.auth_token_file", clock)
 
-    def _read(self) -> tuple[bytes, str]:
+    def _read(self) -> tuple[bytes | None, str]:
         try:
             token = Path(self._path).read_bytes().strip()
         except OSError as exc:
-            return b"", f"cannot read {self._path}: {exc.strerror or exc}"
+            return None, f"cannot read {self._path}: {exc.strerror or exc}"
         if not token:
-            return b"", f"{self._path} is empty"
+            return None, f"{self._path} is empty"
         return token, ""
 
+    def _news(self, old: bytes, new: bytes) -> str:
+        return f"{self.what} changed; using the new token"
+
     def token(self) -> bytes:
-        now = self._clock()
-        with self._lock:
-            due = now - self._checked >= 1.0
-            if due:
-                self._checked = now  # one caller reads; the rest go on
-        if not due:
-            return self._token
-        # Read outside the lock: a slow filesystem must not stall every call.
-        token, problem = self._read()
-        with self._lock:
-            if problem:
-                if problem != self._complaint:
-                    log.warning("auth token file: %s; keeping the last good token", problem)
-                self._complaint = problem
-            else:
-                if token != self._token:
-                    log.info("auth token file changed; using the new token")
-                self._token, self._complaint = token, ""
-            return self._token
+        return self.current()
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
     """Requires `authorization: Bearer <token>` on every call but health checks.
 
-    The comparison takes the same time whatever the guess (hmac.compare_digest).
+    The token is `token`'s (which may address every scope) or one of
+    `tokens`' (which may address the scopes its grant lists: the call runs
+    under that grant, and MemoryService refuses any other scope). The
+    comparisons take the same time whatever the guess (hmac.compare_digest),
+    and every configured token is compared on every call.
     """
 
-    def __init__(self, token: TokenFile) -> None:
+    def __init__(self, token: TokenFile | None = None, tokens: TokensFile | None = None) -> None:
+        if token is None and tokens is None:
+            raise ValueError("AuthInterceptor needs a token file, a tokens file, or both")
         self._token = token
+        self._tokens = tokens
+
+    def _grant(self, presented: bytes) -> Grant | None:
+        grant = None
+        if self._tokens is not None:
+            grant = self._tokens.grant(presented)
+        if self._token is not None and hmac.compare_digest(presented, self._token.token()):
+            grant = ANY
+        return grant
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -252,9 +245,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 scheme, _, credential = raw.partition(b" ")
                 if scheme.lower() == b"bearer":
                     presented = credential.strip()
-        expected = self._token.token()
-        if presented and hmac.compare_digest(presented, expected):
+        grant = self._grant(presented) if presented else None
+        if grant is not None and grant.unrestricted:
             return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if grant is not None:
+            return _granting(handler, grant)
         error = (
             Unauthenticated(
                 "a bearer token is required: send `authorization: Bearer <token>`",
@@ -263,10 +261,31 @@ class AuthInterceptor(grpc.ServerInterceptor):
             if not presented
             else Unauthenticated("the bearer token is not valid")
         )
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
         return _refusing(handler, to_status(error))
+
+
+def _granting(handler: Any, grant: Grant) -> Any:
+    """The handler, run under `grant` (see sidecar.access).
+
+    Interceptors run before the request is parsed, on another thread than
+    the handler: the grant goes along inside the behaviour, and the service
+    checks each request's scope against it. Every MemoryService RPC is
+    unary (tests/test_access_tokens.py holds it so); streaming handlers
+    (reflection) address no scope and pass unchanged.
+    """
+    behavior = handler.unary_unary
+    if behavior is None:
+        return handler
+
+    def call(request: Any, context: grpc.ServicerContext) -> Any:
+        with granted(grant):
+            return behavior(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        call,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def _refusing(handler: Any, status: grpc.Status) -> Any:

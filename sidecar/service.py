@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import paging, tokens
+from sidecar import access, paging, tokens
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -135,11 +135,18 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     # --- request fields -----------------------------------------------------
 
     def _scope(self, message: pb.Scope) -> Scope:
+        """The request's scope, valid and one the caller's token may address.
+
+        Every RPC names its scope through here first, before it reads or
+        writes anything: the one place per-agent tokens are enforced.
+        """
         limit = self._limits.id_chars
-        return Scope(
+        scope = Scope(
             agent_id=checked("scope.agent_id", message.agent_id, limit),
             user_id=checked("scope.user_id", message.user_id, limit),
         )
+        access.authorize(scope)
+        return scope
 
     def _id(self, field: str, value: str, what: str) -> str:
         if not value:
