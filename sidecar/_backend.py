@@ -38,6 +38,12 @@ STATE_TABLE = "tier_state"
 # write at 10,000 entries).
 CONTENT_INDEX = "(owner, tier, content_sha256, seq)"
 Step = Callable[[Any], None]
+# sql -> a context manager the statement runs inside (sidecar.tracing).
+StatementSpan = Callable[[str], contextlib.AbstractContextManager[Any]]
+# Peewee sends queries through execute_sql, but BEGIN, COMMIT and ROLLBACK
+# straight through a cursor: BEGIN IMMEDIATE is where an SQLite writer waits
+# for the lock, COMMIT where it waits for the disk.
+_TRANSACTION_CONTROL = ("begin", "commit", "rollback")
 
 
 class PartitionState(NamedTuple):
@@ -95,6 +101,14 @@ class ErrorGuard(abc.ABC):
     @abc.abstractmethod
     def translate(self, exc: Exception) -> None:
         """Raise the SidecarError that `exc` stands for, if it stands for one."""
+
+
+def _traced(method: Callable[..., Any], sql: str, span: StatementSpan) -> Callable[..., Any]:
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with span(sql):
+            return method(*args, **kwargs)
+
+    return traced
 
 
 class Backend(abc.ABC):
@@ -178,6 +192,28 @@ class Backend(abc.ABC):
             yield owner, tier, PartitionState(int(chars), int(count), int(generation))
 
     # --- everything else ----------------------------------------------------
+
+    def trace(self, span: StatementSpan | None) -> None:
+        """Run every statement this database sends inside `span(sql)`; None
+        goes back to Peewee's own methods.
+
+        Wraps the methods of this one Database instance, so an untraced
+        store runs Peewee's code untouched, at no cost.
+        """
+        db = self.db
+        for name in ("execute_sql", *_TRANSACTION_CONTROL):
+            vars(db).pop(name, None)
+        if span is None:
+            return
+        execute_sql = db.execute_sql
+
+        def traced_execute_sql(sql: str, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+            with span(sql):
+                return execute_sql(sql, params, *args, **kwargs)
+
+        db.execute_sql = traced_execute_sql
+        for name in _TRANSACTION_CONTROL:
+            setattr(db, name, _traced(getattr(db, name), name.upper(), span))
 
     def inserted_seq(self, cursor: Any) -> int:
         """The seq of the row an INSERT just added."""

@@ -12,7 +12,7 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,13 +20,19 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.config import Config
+from sidecar.access import TokensFile
+from sidecar.config import Config, ServerSettings
 from sidecar.engine import MemoryEngine
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
 from sidecar.metrics import Metrics
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from sidecar.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,19 @@ def tls_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
+def _auth(server: ServerSettings) -> list[grpc.ServerInterceptor]:
+    """Bearer tokens on the API, when a token file or a tokens file is set.
+
+    Both may be: the single token addresses every scope, each of the tokens
+    file's only what its grant lists.
+    """
+    token = TokenFile(server.auth_token_file) if server.auth_token_file else None
+    tokens = TokensFile(server.auth_tokens_file) if server.auth_tokens_file else None
+    if token is None and tokens is None:
+        return []
+    return [AuthInterceptor(token, tokens)]
+
+
 def _display(address: str, port: int) -> str:
     if address.startswith("unix:"):
         return address
@@ -115,6 +134,7 @@ class Sidecar:
         *,
         metrics: Metrics | None = None,
         engine: MemoryEngine | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -123,17 +143,23 @@ class Sidecar:
         self.health = health.HealthServicer()
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
+        # Spans for the RPCs and their statements, on `tracer_provider` or
+        # one exporting over OTLP. With tracing off OpenTelemetry is never
+        # imported, and no interceptor or statement wrapper is installed.
+        self._tracing: Tracing | None = None
+        if tracer_provider is not None or config.server.tracing != "off":
+            from sidecar.tracing import Tracing  # the tracing extra
+
+            self._tracing = Tracing(tracer_provider)
+            store.trace(self._tracing.statements(store.backend))
         self._api = grpc.server(
             self._pool,
-            # Metrics outermost, so they see the status auth and the error
-            # mapping chose.
+            # Tracing outermost, so its span covers the whole call; metrics
+            # next: both see the status auth and the error mapping chose.
             interceptors=[
+                *([self._tracing.interceptor()] if self._tracing else []),
                 MetricsInterceptor(self.metrics),
-                *(
-                    [AuthInterceptor(TokenFile(config.server.auth_token_file))]
-                    if config.server.auth_token_file
-                    else []
-                ),
+                *_auth(config.server),
                 ErrorInterceptor(),
             ],
             options=[
@@ -239,6 +265,9 @@ class Sidecar:
         if self.engine.feed is not None:
             self.engine.feed.stop()
         self._close_listeners()
+        if self._tracing is not None:
+            self.store.trace(None)
+            self._tracing.shutdown()
 
     def _close_listeners(self) -> None:
         if self._health_server is not None:
