@@ -833,52 +833,88 @@ def bench_big_tier_writes(
 def bench_large_tiers(report: Report, work: Path, corpus: Corpus, sizes: list[int]) -> None:
     rows: list[Row] = []
     notes = list(corpus.memories(max(sizes)))
+    questions = [corpus.question(corpus.rng.choice(notes)) for _ in range(60)]
     for size in sizes:
         db = work / f"large-{size}.db"
         populate(db, {("bench-agent", Tier.MEMORY): notes[:size]})
-        with daemon(db, UNLIMITED) as d, grpc.insecure_channel(d.api) as channel:
-            stub = pb_grpc.MemoryServiceStub(channel)
-            health_floor(channel, 50)
-            idle = d.rss_bytes()
-            questions = [corpus.question(corpus.rng.choice(notes[:size])) for _ in range(60)]
-            started = time.perf_counter()
-            stub.SearchMemories(
-                pb.SearchMemoriesRequest(scope=SCOPE, query=questions[0]), timeout=600
-            )
-            first = time.perf_counter() - started
-            loaded = d.rss_bytes()
-            cycle = iter(range(10**9))
-            warm = latencies(
-                lambda: stub.SearchMemories(
-                    pb.SearchMemoriesRequest(
-                        scope=SCOPE, query=questions[next(cycle) % len(questions)]
+        # The same tier held in full (the baseline, as before compact tiers;
+        # skipped at 1,000,000: about 2 minutes and 1.5 GiB) and compactly.
+        for held, threshold in (("in full", 0), ("compact", 1)):
+            if held == "in full" and size > 100_000:
+                continue
+            config = f"{UNLIMITED}server: {{compact_tier_entries: {threshold}}}\n"
+            with daemon(db, config) as d, grpc.insecure_channel(d.api) as channel:
+                stub = pb_grpc.MemoryServiceStub(channel)
+                health_floor(channel, 50)
+                idle = d.rss_bytes()
+                started = time.perf_counter()
+                stub.SearchMemories(
+                    pb.SearchMemoriesRequest(scope=SCOPE, query=questions[0]), timeout=600
+                )
+                first = time.perf_counter() - started
+                loaded = d.rss_bytes()
+                cycle = iter(range(10**9))
+                warm = latencies(
+                    lambda: stub.SearchMemories(
+                        pb.SearchMemoriesRequest(
+                            scope=SCOPE, query=questions[next(cycle) % len(questions)]
+                        ),
+                        timeout=60,
                     ),
-                    timeout=60,
-                ),
-                50,
-                warmup=5,
+                    50,
+                    warmup=5,
+                )
+                turn = latencies(
+                    lambda: stub.InjectForTurn(
+                        pb.InjectForTurnRequest(
+                            scope=SCOPE,
+                            session_id="s",
+                            user_message=questions[next(cycle) % len(questions)],
+                        ),
+                        timeout=60,
+                    ),
+                    50,
+                    warmup=5,
+                )
+            growth = (loaded - idle) / 2**20
+            report.figures.setdefault("idle_rss_mib", round(idle / 2**20, 1))
+            # What deploy/ is checked against: how the daemon holds a tier
+            # that size by default (compact from compact_tier_entries on).
+            if (held == "compact") == (size >= 20_000):
+                report.figures.setdefault("tier_rss_growth_mib", {})[str(size)] = round(growth, 1)
+            rows.append(
+                [
+                    f"{size:,}",
+                    held,
+                    f"{first:,.2f} s",
+                    f"{growth:,.0f} MiB",
+                    f"{(loaded - idle) / size:,.0f} bytes",
+                    us(pct(warm, 50)),
+                    us(pct(warm, 99)),
+                    us(pct(turn, 50)),
+                ]
             )
-        growth = (loaded - idle) / 2**20
-        report.figures.setdefault("idle_rss_mib", round(idle / 2**20, 1))
-        report.figures.setdefault("tier_rss_growth_mib", {})[str(size)] = round(growth, 1)
-        rows.append(
-            [
-                f"{size:,}",
-                f"{first:,.2f} s",
-                f"{growth:,.0f} MiB",
-                f"{(loaded - idle) / size:,.0f} bytes",
-                us(pct(warm, 50)),
-                us(pct(warm, 99)),
-            ]
-        )
     report.add(
         "13. One large tier: cold start and memory",
-        "One unlimited tier, loaded by the first search after start (the whole tier is read "
-        "and indexed in memory), then 50 warm searches. Resident memory is the daemon's "
-        "VmRSS before and after the first search. Targets (issue 10): at 1,000,000 "
+        "One unlimited tier, loaded by the first search after start, then 50 warm searches "
+        "and 50 turns (a frozen block of the best entries within 2,000 tokens, and the "
+        "turn's own memories). Each size is held in full (Memory objects and their index: "
+        "the baseline, as before compact tiers) and compactly (sidecar.compact: arrays, "
+        "the entries a call returns read from the database by seq), which is how "
+        "compact_tier_entries (20,000) holds any tier that large. Resident memory is the "
+        "daemon's VmRSS before and after the first search. Targets (issue 10): at 1,000,000 "
         "memories a first query within 1 s, warm p50 within 10 ms and at most 300 MiB; "
         "at 100,000 at most 50 MiB.",
-        ["memories", "first search", "RSS growth", "per memory", "warm p50", "warm p99"],
+        [
+            "memories",
+            "held",
+            "first search",
+            "RSS growth",
+            "per memory",
+            "warm search p50",
+            "warm search p99",
+            "turn p50",
+        ],
         rows,
     )
 
@@ -1055,7 +1091,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
     if 13 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
-            bench_large_tiers(report, Path(tmp), corpus, [10_000] if quick else [10_000, 100_000])
+            bench_large_tiers(
+                report, Path(tmp), corpus, [10_000] if quick else [10_000, 100_000, 1_000_000]
+            )
     if 14 in only:
         bench_retrieval(report)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")

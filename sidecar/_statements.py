@@ -5,7 +5,7 @@ Private to sidecar.store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 
@@ -50,6 +50,8 @@ class Statements:
 
     def __init__(self, Row: Any) -> None:  # noqa: N803 - a bound model class
         columns = [getattr(Row, name) for name in Record._fields]
+        self._row, self._columns = Row, columns
+        self._by_seqs: dict[int, Template] = {}
         scope = (Row.owner == "\x00owner") & (Row.tier == "\x00tier")
         marks = {"owner": "\x00owner", "tier": "\x00tier"}
         self.identical = Template(
@@ -88,3 +90,21 @@ class Statements:
             Row.update(**changes).where(Row.seq == -1_000_004), {**changes, "seq": -1_000_004}
         )
         self.delete = Template(Row.delete().where(Row.seq == -1_000_004), {"seq": -1_000_004})
+
+    def by_seqs(self, owner: str, tier: str, seqs: Sequence[int]) -> tuple[str, list[object]]:
+        """One partition's rows with these seqs (a statement per list length, kept)."""
+        template = self._by_seqs.get(len(seqs))
+        if template is None:
+            Row = self._row  # noqa: N806 - a bound model class
+            marks = {f"s{i}": -2_000_000 - i for i in range(len(seqs))}
+            template = Template(
+                Row.select(*self._columns).where(
+                    (Row.owner == "\x00owner")
+                    & (Row.tier == "\x00tier")
+                    & Row.seq.in_(list(marks.values()))
+                ),
+                {"owner": "\x00owner", "tier": "\x00tier", **marks},
+            )
+            self._by_seqs[len(seqs)] = template
+        values = {f"s{i}": seq for i, seq in enumerate(seqs)}
+        return template.sql, template.params(owner=owner, tier=tier, **values)

@@ -15,7 +15,7 @@ follows seed 000: <memories> with one <memory id category tier> per entry.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -43,15 +43,18 @@ def tier_block(
     order: Sequence[int],
     separator_cost: int,
     max_tokens: int,
+    count: int | None = None,
 ) -> TierBlock | None:
     """A tier's block, or None when the tier is empty.
 
     A budgeted tier shows every entry in insertion order (the budget keeps it
     small). An unlimited tier shows its highest-ranked entries (confidence,
-    then recency) that fit in `max_tokens`, so the block does not depend on
-    the prompt and stays byte-identical between writes. `costs` holds each
-    entry's token count, in the order of `memories`; `order` lists the
-    entries' positions by confidence, then recency, then insertion.
+    then recency, then insertion) that fit in `max_tokens` (see `pick`), so
+    the block does not depend on the prompt and stays byte-identical between
+    writes. `costs`
+    holds each entry's token count, in the order of `memories`; `order`
+    lists the entries' positions by rank. `count` is the tier's number of
+    entries when `memories` holds only those that may be shown.
     """
     if not memories:
         return None
@@ -60,22 +63,42 @@ def tier_block(
         percent = usage.used_chars * 100 // limit_chars
         summary = f"{percent}% — {usage.used_chars:,}/{limit_chars:,} chars"
     else:
-        picked: list[Memory] = []
-        spent = 0
-        for position in order:
-            memory = memories[position]
-            cost = costs[position] + (separator_cost if picked else 0)
-            if spent + cost > max_tokens:
-                continue
-            picked.append(memory)
-            spent += cost
-        shown = tuple(picked)
-        count = len(memories)
+        shown = tuple(pick(((memories[p], costs[p]) for p in order), separator_cost, max_tokens))
+        count = len(memories) if count is None else count
         summary = f"{count:,} {'entry' if count == 1 else 'entries'}"
         if len(shown) < count:
             summary += f", {len(shown):,} shown"
     body = SEPARATOR.join(m.content for m in shown)
     return TierBlock(f"{RULE}\n{_HEADERS[tier]} [{summary}]\n{RULE}\n{body}", shown)
+
+
+# How many entries that do not fit an unlimited tier's block passes over
+# before it is closed: a large entry near the top does not empty the block,
+# and a tier of a million entries is not read to the end looking for one
+# small enough (a compact tier reads them from the database).
+MAX_SKIPPED = 64
+
+
+def pick(
+    ranked: Iterable[tuple[Memory, int]], separator_cost: int, max_tokens: int
+) -> list[Memory]:
+    """From (memory, token cost) pairs in rank order, the entries an unlimited
+    tier's block shows: each that still fits in `max_tokens`, passing over
+    those that do not, until nothing more can fit or MAX_SKIPPED were passed."""
+    picked: list[Memory] = []
+    spent = skipped = 0
+    for memory, cost in ranked:
+        cost += separator_cost if picked else 0
+        if spent + cost > max_tokens:
+            skipped += 1
+            if skipped >= MAX_SKIPPED:
+                break
+            continue
+        picked.append(memory)
+        spent += cost
+        if max_tokens - spent <= separator_cost:
+            break  # every entry costs at least one token more than that
+    return picked
 
 
 def system_block(blocks: Sequence[TierBlock | None]) -> str:

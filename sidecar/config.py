@@ -23,6 +23,7 @@ environment, and only through the mapping it is given.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import math
 from collections.abc import Callable, Mapping
@@ -97,9 +98,16 @@ class ServerSettings:
     busy_timeout_ms: int = 5000
     max_workers: int = 16
     log_level: str = "info"
+    # OpenTelemetry traces (the tracing extra): off, or otlp to export them
+    # where the OTEL_EXPORTER_OTLP_* variables say (sidecar.tracing).
+    tracing: str = "off"
     partition_cache_size: int = 4096
     # ... and at most about this many bytes of them (ranking.Partition.nbytes).
     partition_cache_bytes: int = 128 * 1024 * 1024
+    # A tier with at least this many entries is held as a compact index
+    # (sidecar.compact: ~30 bytes per entry and 6 per indexed word, entries
+    # read back by seq) instead of as Memory objects; 0 never does.
+    compact_tier_entries: int = 20_000
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).
@@ -113,8 +121,10 @@ class ServerSettings:
     max_request_bytes: int = 4 * 1024 * 1024
     # The largest response sent: gRPC clients refuse bigger ones by default.
     max_response_bytes: int = 4 * 1024 * 1024
-    # Access to the API listener.
+    # Access to the API listener: one token for every scope, and/or a file
+    # of tokens each limited to some agents and users (sidecar.access).
     auth_token_file: str = ""
+    auth_tokens_file: str = ""
     insecure: bool = False
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -192,6 +202,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_workers": _at_least(1),
     "partition_cache_size": _at_least(1),
     "partition_cache_bytes": _at_least(0),
+    "compact_tier_entries": _at_least(0),
     "max_sessions_total": _at_least(1),
     "content_scanning": _one_of("strict", "warn", "off"),
     "max_content_chars": _at_least(1),
@@ -208,6 +219,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
     ),
     "log_level": _one_of("debug", "info", "warning", "error"),
+    "tracing": _one_of("off", "otlp"),
     "db": lambda v: None if v else "must not be empty",
     "change_poll_ms": _between(1, 10_000),
     "change_heartbeat_ms": _between(50, 60_000),
@@ -346,12 +358,51 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
         raise ConfigError("server.tls_key_file", "tls_cert_file and tls_key_file go together")
     if server.tls_client_ca_file and not server.tls_cert_file:
         raise ConfigError("server.tls_client_ca_file", "mutual TLS needs tls_cert_file too")
-    if not is_loopback(server.listen) and not server.auth_token_file and not server.insecure:
+    tokens = server.auth_token_file or server.auth_tokens_file
+    if not is_loopback(server.listen) and not tokens and not server.insecure:
         raise ConfigError(
             "server.listen",
             f"{server.listen} is reachable from other hosts; set auth_token_file "
-            "(--auth-token-file) or, knowingly, insecure (--insecure)",
+            "(--auth-token-file), auth_tokens_file (--auth-tokens-file) or, "
+            "knowingly, insecure (--insecure)",
         )
+    return server
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+# The tracing extra's exporter speaks OTLP over gRPC only.
+_OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+def _check_tracing(server: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
+    """Tracing needs its extra, and an OTLP protocol the extra speaks.
+
+    Looks for the extra without importing it: with tracing off, nothing
+    of OpenTelemetry is ever loaded.
+    """
+    if server.tracing == "off":
+        return server
+    if not all(
+        _installed(m) for m in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")
+    ):
+        raise ConfigError(
+            "server.tracing",
+            "tracing needs the tracing extra: pip install 'memory-sidecar[tracing]'",
+        )
+    for variable in _OTLP_PROTOCOLS:
+        protocol = environ.get(variable, "")
+        if protocol:
+            if protocol != "grpc":
+                raise ConfigError(
+                    variable, f"memory-sidecar exports traces over OTLP/gRPC only, got {protocol!r}"
+                )
+            break
     return server
 
 
@@ -429,7 +480,9 @@ def load(
             prefix, dataclasses.replace(default_settings, **values), environ
         )
     return Config(
-        server=_finish_server(_with_password(ServerSettings(**server), environ)),
+        server=_check_tracing(
+            _finish_server(_with_password(ServerSettings(**server), environ)), environ
+        ),
         defaults=default_settings,
         agents=MappingProxyType(agents),
     )

@@ -40,6 +40,7 @@ from typing import Any
 from sidecar import blocks, scanner
 from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
+from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.errors import BudgetExceeded, InvalidArgument
 from sidecar.keywords import keywords
@@ -53,6 +54,8 @@ from sidecar.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
 PartitionKey = tuple[Tier, str]
+# A tier's entries and index: in full, or compact (a large tier).
+AnyPartition = Partition | CompactPartition
 _STRIPES = 64
 
 
@@ -61,7 +64,7 @@ class View:
     """A scope's snapshot: the frozen block and where it came from."""
 
     scope: Scope
-    partitions: tuple[Partition, ...]
+    partitions: tuple[AnyPartition, ...]
     generation: int
     system_block: str
     sha256: str
@@ -162,7 +165,7 @@ class MemoryEngine:
                 heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
             )
             self._metrics.watch_feed(self.feed)
-        self._partitions: LRU[PartitionKey, Partition] = LRU(
+        self._partitions: LRU[PartitionKey, AnyPartition] = LRU(
             config.server.partition_cache_size,
             max_weight=config.server.partition_cache_bytes,
             weigh=lambda partition: partition.nbytes,
@@ -219,7 +222,10 @@ class MemoryEngine:
             yield
 
     def _written(
-        self, key: PartitionKey, written: Written, change: Callable[[Partition, int], Partition]
+        self,
+        key: PartitionKey,
+        written: Written,
+        change: Callable[[AnyPartition, int], AnyPartition | None],
     ) -> None:
         """After the commit and before the acknowledgement (under _writing).
 
@@ -232,9 +238,12 @@ class MemoryEngine:
         cached = self._partitions.get(key)
         self._generations.observe(key, written.generation)
         if cached is not None and cached.generation == written.previous:
-            # StopIteration: the entry was not in the cached partition; it reloads.
+            # StopIteration or None: the entry was not in the cached
+            # partition, or it was not the newest of its storage; it reloads.
             with contextlib.suppress(StopIteration):
-                self._partitions.put(key, change(cached, written.generation))
+                changed = change(cached, written.generation)
+                if changed is not None:
+                    self._partitions.put(key, changed)
         self._metrics.snapshot_invalidations.labels("write").inc()
 
     def _heard(self, owner: str, tier: str, generation: int) -> None:
@@ -250,7 +259,7 @@ class MemoryEngine:
             self._generations.track(key)
             self._generations.observe(key, generation)
 
-    def _is_fresh(self, partition: Partition) -> bool:
+    def _is_fresh(self, partition: AnyPartition) -> bool:
         # A partition whose generation is no longer followed cannot be
         # trusted (news of other processes' writes to it was not kept).
         newest = self._generations.current((partition.tier, partition.owner))
@@ -258,6 +267,25 @@ class MemoryEngine:
 
     def _annotations(self) -> dict[str, Any]:
         return {"scan": _finding, "count_tokens": self.tokens.count}
+
+    def _added(
+        self, partition: AnyPartition, memory: Memory, generation: int, usage: Usage
+    ) -> AnyPartition | None:
+        if isinstance(partition, CompactPartition):
+            return partition.added(memory, generation, usage)
+        return partition.added(memory, generation, usage, **self._annotations())
+
+    def _changed(
+        self,
+        partition: AnyPartition,
+        target: Memory,
+        replacement: Memory | None,
+        generation: int,
+        usage: Usage,
+    ) -> AnyPartition | None:
+        if isinstance(partition, CompactPartition):
+            return partition.changed(target, replacement, generation, usage)
+        return partition.changed(target.id, replacement, generation, usage, **self._annotations())
 
     @contextlib.contextmanager
     def _counting_rejections(self) -> Iterator[None]:
@@ -316,9 +344,7 @@ class MemoryEngine:
                 still_wanted=still_wanted,
             )
             memory, usage = written.memory, written.usage
-            self._written(
-                key, written, lambda p, g: p.added(memory, g, usage, **self._annotations())
-            )
+            self._written(key, written, lambda p, g: self._added(p, memory, g, usage))
         return memory, usage, written.created
 
     def update(
@@ -351,7 +377,7 @@ class MemoryEngine:
             self._written(
                 (memory.tier, scope.owner(memory.tier)),
                 written,
-                lambda p, g: p.changed(memory.id, memory, g, usage, **self._annotations()),
+                lambda p, g: self._changed(p, memory, memory, g, usage),
             )
         return memory, usage
 
@@ -365,7 +391,7 @@ class MemoryEngine:
             self._written(
                 (memory.tier, scope.owner(memory.tier)),
                 written,
-                lambda p, g: p.changed(memory.id, None, g, usage, **self._annotations()),
+                lambda p, g: self._changed(p, memory, None, g, usage),
             )
         return memory, usage
 
@@ -405,7 +431,7 @@ class MemoryEngine:
         )
         return hits
 
-    def _partition(self, key: PartitionKey, *, force: bool = False) -> Partition:
+    def _partition(self, key: PartitionKey, *, force: bool = False) -> AnyPartition:
         """The partition as of its current generation, loaded at most once."""
         cached = self._partitions.get(key)
         if cached is not None and not force and self._is_fresh(cached):
@@ -421,18 +447,25 @@ class MemoryEngine:
             # the read is then kept, and marks what is loaded here stale.
             # Pinned until cached, so the janitor cannot forget it in between.
             with self._generations.loading(key):
-                loaded = self._store.tier_entries(*key)
-                self._generations.observe(key, loaded.generation)
-                partition = Partition.build(
-                    key[0],
-                    key[1],
-                    loaded.generation,
-                    loaded.memories,
-                    loaded.usage,
-                    **self._annotations(),
-                )
+                partition = self._load(key)
+                self._generations.observe(key, partition.generation)
                 self._partitions.put(key, partition)
             return partition
+
+    def _load(self, key: PartitionKey) -> AnyPartition:
+        tier, owner = key
+        threshold = self._config.server.compact_tier_entries
+        if threshold and self._store.entry_count(tier, owner) >= threshold:
+            return CompactPartition.load(
+                tier,
+                owner,
+                lambda consume: self._store.scan_tier(tier, owner, consume),
+                self._store.memories_by_seq,
+            )
+        loaded = self._store.tier_entries(tier, owner)
+        return Partition.build(
+            tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
+        )
 
     def _is_current(self, view: View) -> bool:
         return all(self._is_fresh(p) for p in view.partitions)
@@ -455,7 +488,7 @@ class MemoryEngine:
             return view
 
     def _build_view(
-        self, scope: Scope, partitions: tuple[Partition, ...], settings: AgentSettings
+        self, scope: Scope, partitions: tuple[AnyPartition, ...], settings: AgentSettings
     ) -> View:
         parts: list[blocks.TierBlock | None] = []
         if settings.inject_system_block:
@@ -463,6 +496,9 @@ class MemoryEngine:
                 policy = settings.policy(partition.tier)
                 if not policy.enabled:
                     parts.append(None)
+                    continue
+                if isinstance(partition, CompactPartition):
+                    parts.append(self._compact_block(partition, policy.limit_chars, settings))
                     continue
                 shown = [
                     _injectable(settings, memory, finding)
@@ -500,6 +536,50 @@ class MemoryEngine:
             shown_ids=shown_ids,
             system_tokens=system_tokens,
             content_key=(sha256, generation, system_tokens, shown_ids),
+        )
+
+    def _compact_block(
+        self, partition: CompactPartition, limit_chars: int, settings: AgentSettings
+    ) -> blocks.TierBlock | None:
+        """A large tier's block, as blocks.tier_block picks it, reading from
+        the database only the entries it looks at. Unlimited (the usual
+        large tier): by rank, in growing batches. Budgeted: every entry (the
+        response limit may then refuse it)."""
+        separator = self.tokens.count(SEPARATOR)
+
+        def ranked() -> Iterator[tuple[Memory, int]]:
+            if limit_chars:
+                alive = partition.alive()
+                order = [p for p in range(partition.size) if alive is None or alive[p]]
+            start, batch = 0, 64
+            while True:
+                if not limit_chars:
+                    order = partition.by_confidence(start + batch)
+                chunk = order[start : start + batch]
+                if not chunk:
+                    return
+                for memory in partition.fetch(chunk):
+                    if memory is not None:
+                        shown = _injectable(settings, memory, _finding(memory))
+                        yield shown, self.tokens.count(shown.content)
+                start, batch = start + len(chunk), batch * 2
+
+        budget = settings.max_injection_tokens
+        if limit_chars:
+            entries = list(ranked())
+        else:
+            picked = blocks.pick(ranked(), separator, budget)
+            entries = [(m, self.tokens.count(m.content)) for m in picked]
+        return blocks.tier_block(
+            partition.tier,
+            [m for m, _ in entries],
+            partition.usage,
+            limit_chars,
+            costs=[cost for _, cost in entries],
+            order=range(len(entries)),
+            separator_cost=separator,
+            max_tokens=budget,
+            count=partition.count,
         )
 
     # --- turns --------------------------------------------------------------
@@ -545,7 +625,7 @@ class MemoryEngine:
         # When the frozen block already shows every memory there is (the usual
         # case with budgeted tiers), nothing is left to rank: skip keyword
         # extraction and ranking altogether.
-        left = sum(len(p.memories) for p in enabled) - len(view.shown_ids)
+        left = sum(p.count for p in enabled) - len(view.shown_ids)
         if settings.inject_memories and (left > 0 or not self._covers(view, enabled)):
             terms = self._keywords(
                 settings, strategy, user_message, recent_messages, given_keywords
@@ -554,6 +634,8 @@ class MemoryEngine:
             cap = max_memories or settings.max_inject_memories
             budget = max_tokens or settings.max_injection_tokens
             findings = {k: v for p in enabled for k, v in p.flagged.items()}
+            # Entries of a compact tier are scanned when read, not at load.
+            rescan = any(isinstance(p, CompactPartition) for p in enabled)
             # Rank only as deep as the turn can use: the cap, plus what the
             # frozen block already shows; deeper only if the budget skipped some.
             depth: int | None = cap + len(shown)
@@ -567,9 +649,10 @@ class MemoryEngine:
                         break
                     if memory.id in shown:
                         continue
-                    element = blocks.memory_element(
-                        _injectable(settings, memory, findings.get(memory.id))
-                    )
+                    finding = findings.get(memory.id)
+                    if finding is None and rescan:
+                        finding = _finding(memory)
+                    element = blocks.memory_element(_injectable(settings, memory, finding))
                     cost = self.tokens.count(element)
                     if spent + cost > budget:
                         continue
@@ -604,7 +687,7 @@ class MemoryEngine:
         return tuple(t for t in Tier if settings.policy(t).enabled)
 
     @staticmethod
-    def _covers(view: View, enabled: list[Partition]) -> bool:
+    def _covers(view: View, enabled: list[AnyPartition]) -> bool:
         """Whether the frozen block shows exactly the entries of `enabled`."""
         return all(p in view.partitions for p in enabled)
 

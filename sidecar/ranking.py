@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,7 @@ VECTORIZE_FROM = 512
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 TermWeights = tuple[tuple[str, float], ...]
 
 
@@ -426,6 +427,49 @@ class Partition:
         """Entry indices: highest confidence, then most recently updated, then oldest."""
         return np.lexsort((self.seq, -self.recency, -self.confidence))
 
+    # --- what rank() reads (CompactPartition answers the same) -------------
+
+    @property
+    def count(self) -> int:
+        """Entries held."""
+        return len(self.memories)
+
+    @property
+    def size(self) -> int:
+        """Positions in the per-entry arrays (every one holds an entry)."""
+        return len(self.memories)
+
+    def alive(self) -> BoolArray | None:
+        return None
+
+    def category_mask(self, category: str) -> BoolArray:
+        return np.array([m.category == category for m in self.memories], dtype=bool)
+
+    def term(self, term: str) -> tuple[IntArray, FloatArray] | None:
+        return self.postings.get(term)
+
+    def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
+        return [self.memories[p] for p in positions]
+
+
+class Ranked(Protocol):
+    """A partition as rank() sees it: a Partition or a compact.CompactPartition."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def confidence(self) -> FloatArray: ...
+    @property
+    def recency(self) -> FloatArray: ...
+    @property
+    def seq(self) -> IntArray: ...
+    def alive(self) -> BoolArray | None: ...
+    def category_mask(self, category: str) -> BoolArray: ...
+    def term(self, term: str) -> tuple[npt.NDArray[np.integer[Any]], FloatArray] | None: ...
+    def fetch(self, positions: Sequence[int]) -> list[Memory | None]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Weights:
@@ -434,7 +478,7 @@ class Weights:
 
 
 def rank(
-    partitions: Sequence[Partition],
+    partitions: Sequence[Ranked],
     keywords: Sequence[str],
     weights: Weights,
     *,
@@ -452,47 +496,61 @@ def rank(
     postings at C speed; small ones (the budgeted tiers of a cached turn) in
     plain Python, which has no per-call array overhead. Both compute the same
     floating-point operations in the same order and return the same answer
-    (tests/test_ranking.py); `vectorized` forces one for those tests.
+    (tests/test_ranking.py); `vectorized` forces one for those tests. Compact
+    partitions are always scored in arrays, and only the entries returned
+    are read (from the database); an entry removed in between is left out.
     """
+    plain = [p for p in partitions if isinstance(p, Partition)]
     if vectorized is None:
-        vectorized = sum(len(p.memories) for p in partitions) > VECTORIZE_FROM
+        vectorized = len(plain) < len(partitions) or sum(p.count for p in plain) > VECTORIZE_FROM
     if not vectorized:
-        return _rank_python(partitions, keywords, weights, match_all, category, limit)
+        return _rank_python(plain, keywords, weights, match_all, category, limit)
     offsets = [0]
     for p in partitions:
-        offsets.append(offsets[-1] + len(p.memories))
+        offsets.append(offsets[-1] + p.size)
     total = offsets[-1]
-    if not total:
+    live = sum(p.count for p in partitions)
+    if not live:
         return []
-
-    def memory(k: int) -> Memory:
-        pi = bisect.bisect_right(offsets, k) - 1
-        found: Memory = partitions[pi].memories[k - offsets[pi]]
-        return found
-
-    confidence = np.concatenate([p.confidence for p in partitions])
-    seq = np.concatenate([p.seq for p in partitions])
-    keep = np.ones(total, dtype=bool)
+    confidence = _joined([p.confidence for p in partitions])
+    seq = _joined([p.seq for p in partitions])
+    masks = [p.alive() for p in partitions]
+    keep: BoolArray | None = None
+    if any(mask is not None for mask in masks):
+        keep = np.concatenate(
+            [
+                np.ones(p.size, dtype=bool) if m is None else m
+                for p, m in zip(partitions, masks, strict=True)
+            ]
+        )
     if category:
-        keep = np.array([m.category == category for p in partitions for m in p.memories])
+        wanted = np.concatenate([p.category_mask(category) for p in partitions])
+        keep = wanted if keep is None else keep & wanted
 
     if not keywords:
-        recency = np.concatenate([p.recency for p in partitions])
-        order = np.lexsort((seq, -recency, -confidence))
-        order = order[keep[order]]
-        chosen = order if limit is None else order[:limit]
-        return [(memory(int(k)), float(confidence[k])) for k in chosen]
+        recency = _joined([p.recency for p in partitions])
+        if limit is None:
+            order = np.lexsort((seq, -recency, -confidence))
+            chosen = order if keep is None else order[keep[order]]
+            positions = [int(k) for k in chosen]
+        else:
+            positions = top_by_confidence(confidence, recency, seq, keep, limit)
+        return _fetched(partitions, offsets, positions, [float(confidence[k]) for k in positions])
 
     unique = list(dict.fromkeys(keywords))
     bm25 = np.zeros(total, dtype=np.float64)
     matched = np.zeros(total, dtype=np.int32)
     for term in unique:
-        idf, found = _term(partitions, term, total)
+        found = [(pi, got) for pi, p in enumerate(partitions) if (got := p.term(term)) is not None]
+        df = sum(len(indices) for _, (indices, _) in found)
+        idf = math.log(1 + (live - df + 0.5) / (df + 0.5))
         for pi, (indices, values) in found:
             # A term lists an entry at most once: plain fancy indexing adds safely.
             bm25[offsets[pi] + indices] += idf * values
             matched[offsets[pi] + indices] += 1
-    hit = keep & (matched >= (len(unique) if match_all else 1))
+    hit = matched >= (len(unique) if match_all else 1)
+    if keep is not None:
+        hit &= keep
     candidates = np.nonzero(hit)[0]
     if not len(candidates):
         return []
@@ -510,7 +568,70 @@ def rank(
     order = np.lexsort((seq[candidates], -blended))
     if limit is not None:
         order = order[:limit]
-    return [(memory(int(candidates[k])), float(blended[k])) for k in order]
+    return _fetched(
+        partitions,
+        offsets,
+        [int(candidates[k]) for k in order],
+        [float(blended[k]) for k in order],
+    )
+
+
+def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """The arrays end to end; no copy when only one holds anything (a large
+    tier beside an empty one)."""
+    filled = [a for a in arrays if len(a)]
+    if len(filled) == 1:
+        return filled[0]
+    return np.concatenate(arrays)
+
+
+def _fetched(
+    partitions: Sequence[Ranked], offsets: list[int], chosen: list[int], scores: list[float]
+) -> list[tuple[Memory, float]]:
+    """The memories at these global positions, with their scores, in order;
+    each partition asked once."""
+    located: list[tuple[int, int]] = []
+    wanted: dict[int, list[int]] = {}
+    for k in chosen:
+        pi = bisect.bisect_right(offsets, k) - 1
+        located.append((pi, k - offsets[pi]))
+        wanted.setdefault(pi, []).append(k - offsets[pi])
+    got = {
+        pi: dict(zip(positions, partitions[pi].fetch(positions), strict=True))
+        for pi, positions in wanted.items()
+    }
+    return [
+        (memory, score)
+        for (pi, position), score in zip(located, scores, strict=True)
+        if (memory := got[pi][position]) is not None
+    ]
+
+
+def top_by_confidence(
+    confidence: FloatArray,
+    recency: FloatArray,
+    seq: IntArray,
+    keep: BoolArray | None,
+    limit: int,
+) -> list[int]:
+    """The first `limit` of the kept positions ordered by confidence (highest
+    first), then recency (newest first), then seq, without sorting them all:
+    the entries tied with the limit-th on confidence are narrowed by recency,
+    and only what is left is sorted."""
+    candidates = np.flatnonzero(keep) if keep is not None else np.arange(len(seq))
+    if limit <= 0 or not len(candidates):
+        return []
+    if len(candidates) > limit:
+        values = -confidence[candidates]
+        cut = np.partition(values, limit - 1)[limit - 1]
+        better, tied = candidates[values < cut], candidates[values == cut]
+        needed = limit - len(better)
+        if len(tied) > needed:
+            recent = -recency[tied]
+            tied = tied[recent <= np.partition(recent, needed - 1)[needed - 1]]
+        candidates = np.concatenate([better, tied])
+    order = np.lexsort((seq[candidates], -recency[candidates], -confidence[candidates]))
+    return [int(p) for p in candidates[order[:limit]]]
 
 
 def _term(

@@ -21,7 +21,7 @@ import peewee
 from peewee import fn
 
 from sidecar import _sqlite
-from sidecar._backend import SCHEMA_TABLE, Backend, FeedSettings, PartitionState
+from sidecar._backend import SCHEMA_TABLE, Backend, FeedSettings, PartitionState, StatementSpan
 from sidecar._statements import Record, Statements, Template
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import Clock, from_micros, system_clock, to_micros
@@ -145,6 +145,10 @@ def _bind(model: type[M], db: peewee.Database, table: str) -> type[M]:
     return type(model.__name__.lstrip("_"), (model,), {"Meta": meta, "__module__": __name__})
 
 
+# Seqs per `IN (...)` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
+_SEQ_BATCH = 500
+
+
 def _to_memory(row: _Row | Record) -> Memory:
     return Memory(
         id=row.memory_id,
@@ -230,6 +234,10 @@ class Store:
     def close(self) -> None:
         """Close every pooled connection (the last close checkpoints the WAL)."""
         self._db.close_all()
+
+    def trace(self, span: StatementSpan | None) -> None:
+        """Run every statement inside `span(sql)` (sidecar.tracing); None stops."""
+        self._backend.trace(span)
 
     def schema_version(self) -> int:
         with self._guard(), self._db.connection_context():
@@ -586,6 +594,47 @@ class Store:
         if state is None:
             return Loaded(memories, Usage.of(row.content_chars for row in rows), 0)
         return Loaded(memories, _usage_of(state), state.generation)
+
+    def entry_count(self, tier: Tier, owner: str) -> int:
+        """How many entries the partition holds, from its state row."""
+        with self._guard(), self._db.connection_context():
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+        return state.entry_count if state is not None else 0
+
+    def scan_tier(
+        self, tier: Tier, owner: str, consume: Callable[[list[Record]], None], *, batch: int = 5000
+    ) -> tuple[Usage, int]:
+        """Hand one partition's entries to `consume`, `batch` rows at a time
+        in insertion order, and return its usage and generation: all as of
+        one snapshot, without holding every row (or a Memory per row) at once."""
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+            params = self._sql.partition.params(owner=owner, tier=tier.value)
+            cursor = self._db.execute_sql(self._sql.partition.sql, params)
+            chars = count = 0
+            while rows := cursor.fetchmany(batch):
+                records = [Record(*row) for row in rows]
+                chars += sum(r.content_chars for r in records)
+                count += len(records)
+                consume(records)
+        if state is None:
+            return Usage(rendered_chars(chars, count), count), 0
+        return _usage_of(state), state.generation
+
+    def memories_by_seq(self, tier: Tier, owner: str, seqs: Sequence[int]) -> list[Memory]:
+        """The partition's entries with these seqs, in the order asked; any
+        since removed are left out."""
+        if not seqs:
+            return []
+        found: dict[int, Memory] = {}
+        with self._guard(), self._db.connection_context():
+            for start in range(0, len(seqs), _SEQ_BATCH):
+                chunk = list(seqs[start : start + _SEQ_BATCH])
+                sql, params = self._sql.by_seqs(owner, tier.value, chunk)
+                for row in self._db.execute_sql(sql, params).fetchall():
+                    record = Record(*row)
+                    found[record.seq] = _to_memory(record)
+        return [found[s] for s in seqs if s in found]
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         with self._guard(), self._db.connection_context():

@@ -1,0 +1,401 @@
+"""Large tiers: an index kept in flat arrays, entries read back from the database.
+
+A tier with many entries (server.compact_tier_entries, 20,000 by default) is
+not held as Memory objects. What ranking needs stays in memory, compactly:
+per entry its seq, confidence, recency and category; per term the entries
+that hold it and how often (int32 positions, uint16 counts). The few entries
+a search, a turn or a frozen block actually returns are read from the
+database by seq. About 30 bytes per entry and 6 per (term, entry) pair,
+where a `ranking.Partition` holds about 400 per entry and 16 per pair.
+
+Ranking is the same as a Partition's, to the bit (tests/test_compact.py):
+with length normalisation off (ranking.B == 0) a term's BM25 weight depends
+only on its count in the entry, so the weight table below holds exactly
+the floats `ranking.term_weights` computes, and rank() adds them up in the
+same order.
+
+Like Partitions, successive CompactPartitions of a tier share storage: the
+newest one appends in place past the end every older one sees. A removal
+is a tombstone (the generation that removed the entry), so older ones
+still see the entry; an update is a tombstone plus an appended entry with
+the same seq (seq orders ties, so its rank is unchanged). Postings are one
+base segment (CSR: a term's rows are offsets[id]:offsets[id + 1]) built at
+load, plus per-term arrays for what was appended since.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar._statements import Record
+from sidecar.clock import from_micros, to_micros
+from sidecar.keywords import terms
+from sidecar.memory import Memory, Tier, Usage
+from sidecar.ranking import K1, B, date_terms, top_by_confidence
+
+Int32Array = npt.NDArray[np.int32]
+Int64Array = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+CountArray = npt.NDArray[np.uint16]
+BoolArray = npt.NDArray[np.bool_]
+
+# Counts above this are kept as this (an entry would need 65,535 copies of
+# one word: 8,192 characters is the default content limit).
+MAX_COUNT = np.iinfo(np.uint16).max
+if B:  # pragma: no cover - a guard for whoever turns normalisation on
+    raise ImportError("compact tiers store term counts: they need ranking.B == 0")
+# ranking.term_weights' expression, with its norm at b = 0.
+_NORM = K1 * (1 - B + B * 0)
+WEIGHTS: FloatArray = np.array(
+    [0.0, *(tf * (K1 + 1) / (tf + _NORM) for tf in range(1, MAX_COUNT + 1))], dtype=np.float64
+)
+_ALIVE = np.iinfo(np.int64).max
+
+Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
+
+
+def term_counts(content: str, created_micros: int) -> Counter[str]:
+    """An entry's terms and how often each occurs (ranking.term_weights' counts)."""
+    counts = Counter(terms(content))
+    counts.update(date_terms(from_micros(created_micros)))
+    return counts
+
+
+class Vocabulary:
+    """The base segment's words, about 30 bytes each where a dict of str to
+    int holds about 120: their 64-bit hashes sorted, and the words' UTF-8
+    text end to end, to tell a word from another with the same hash. A
+    word's id is its place in that order."""
+
+    __slots__ = ("bounds", "hashes", "text")
+
+    def __init__(self, words: Sequence[str]) -> None:
+        """`words` sorted by hash (see `order`)."""
+        self.hashes: Int64Array = np.array([hash(w) for w in words], dtype=np.int64)
+        encoded = [w.encode() for w in words]
+        self.bounds: Int64Array = np.zeros(len(words) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=self.bounds[1:])
+        self.text = b"".join(encoded)
+
+    @staticmethod
+    def order(words: Sequence[str]) -> Int64Array:
+        """The order of these words in a Vocabulary."""
+        return np.argsort(np.array([hash(w) for w in words], dtype=np.int64), kind="stable")
+
+    def get(self, word: str) -> int | None:
+        wanted = hash(word)
+        at = int(np.searchsorted(self.hashes, wanted))
+        encoded = word.encode()
+        while at < len(self.hashes) and self.hashes[at] == wanted:
+            if self.text[self.bounds[at] : self.bounds[at + 1]] == encoded:
+                return at
+            at += 1
+        return None
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.hashes.nbytes + self.bounds.nbytes + len(self.text)
+
+
+class _Storage:
+    """What one tier's successive compact partitions share."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.size = 0
+        self.generation = 0
+        # Per entry: seq, confidence, recency (updated_at in seconds, as
+        # Partition keeps it), category id, and the generation that removed
+        # it (_ALIVE while it is there). Buffers with room to grow.
+        self.seq: Int64Array = np.empty(0, dtype=np.int64)
+        self.confidence: FloatArray = np.empty(0, dtype=np.float64)
+        self.recency: FloatArray = np.empty(0, dtype=np.float64)
+        self.category: Int32Array = np.empty(0, dtype=np.int32)
+        self.removed_at: Int64Array = np.empty(0, dtype=np.int64)
+        self.removals = 0
+        self.categories: dict[str, int] = {"": 0}
+        # The base segment.
+        self.vocabulary = Vocabulary(())
+        self.offsets: Int64Array = np.zeros(1, dtype=np.int64)
+        self.positions: Int32Array = np.empty(0, dtype=np.int32)
+        self.counts: CountArray = np.empty(0, dtype=np.uint16)
+        # Appended since: term -> (positions buffer, counts buffer, filled).
+        self.appended: dict[str, tuple[Int32Array, CountArray, int]] = {}
+        self.npostings = 0
+
+    def _columns(self) -> tuple[npt.NDArray[Any], ...]:
+        return (self.seq, self.confidence, self.recency, self.category, self.removed_at)
+
+    def grow(self, needed: int) -> None:
+        """Room for `needed` entries (doubling; views of the old buffers stay valid)."""
+        capacity = len(self.seq)
+        if needed <= capacity:
+            return
+        capacity = max(needed, 2 * capacity, 1024)
+        grown = []
+        for column in self._columns():
+            bigger = np.empty(capacity, dtype=column.dtype)
+            bigger[: self.size] = column[: self.size]
+            grown.append(bigger)
+        self.seq, self.confidence, self.recency, self.category, self.removed_at = grown
+
+    def category_id(self, category: str) -> int:
+        found = self.categories.get(category)
+        if found is None:
+            found = self.categories[category] = len(self.categories)
+        return found
+
+    def put(self, position: int, record: Record) -> None:
+        self.seq[position] = record.seq
+        self.confidence[position] = record.confidence
+        self.recency[position] = record.updated_at / 1_000_000
+        self.category[position] = self.category_id(record.category)
+        self.removed_at[position] = _ALIVE
+
+    def append_postings(self, position: int, counts: Counter[str]) -> None:
+        for term, count in counts.items():
+            held = self.appended.get(term)
+            if held is None:
+                positions = np.empty(4, dtype=np.int32)
+                tally = np.empty(4, dtype=np.uint16)
+                filled = 0
+            else:
+                positions, tally, filled = held
+                if filled == len(positions):
+                    positions = np.concatenate([positions, np.empty(filled, dtype=np.int32)])
+                    tally = np.concatenate([tally, np.empty(filled, dtype=np.uint16)])
+            positions[filled] = position
+            tally[filled] = min(count, MAX_COUNT)
+            # One assignment: a reader sees the old triple or the new one.
+            self.appended[term] = (positions, tally, filled + 1)
+        self.npostings += len(counts)
+
+    @property
+    def nbytes(self) -> int:
+        return (
+            sum(c.nbytes for c in self._columns())
+            + self.positions.nbytes
+            + self.counts.nbytes
+            + self.offsets.nbytes
+            + self.vocabulary.nbytes
+            + sum(p.nbytes + c.nbytes + 250 for p, c, _ in self.appended.values())
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CompactPartition:
+    """One owner's entries of one tier, as of one generation (see the module)."""
+
+    tier: Tier
+    owner: str
+    generation: int
+    usage: Usage
+    # Positions 0..size-1 of the storage are this partition's; `count` of
+    # them are not removed (as of `generation`).
+    size: int
+    count: int
+    storage: _Storage = field(repr=False)
+    fetch_rows: Fetch = field(repr=False)
+    # Never any: findings are looked for in the entries a call returns.
+    flagged: dict[str, str] = field(default_factory=dict, repr=False)
+
+    # --- building -----------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        tier: Tier,
+        owner: str,
+        scan: Callable[[Callable[[list[Record]], None]], tuple[Usage, int]],
+        fetch_rows: Fetch,
+    ) -> CompactPartition:
+        """Index a partition whose rows `scan` hands over in batches (in
+        insertion order) and whose usage and generation it then returns."""
+        storage = _Storage()
+        term_ids: list[int] = []
+        entry_ids: list[int] = []
+        tallies: list[int] = []
+        # Word -> id while loading; then the compact Vocabulary.
+        vocabulary: dict[str, int] = {}
+
+        def consume(records: list[Record]) -> None:
+            start = storage.size
+            storage.grow(start + len(records))
+            for offset, record in enumerate(records):
+                position = start + offset
+                storage.put(position, record)
+                for term, count in term_counts(record.content, record.created_at).items():
+                    term_id = vocabulary.get(term)
+                    if term_id is None:
+                        term_id = vocabulary[term] = len(vocabulary)
+                    term_ids.append(term_id)
+                    entry_ids.append(position)
+                    tallies.append(count)
+            storage.size = start + len(records)
+
+        usage, generation = scan(consume)
+        words = list(vocabulary)
+        vocabulary.clear()
+        ranked = Vocabulary.order(words)
+        storage.vocabulary = Vocabulary([words[i] for i in ranked])
+        del words
+        # Renumber the words in Vocabulary order, then group the pairs by
+        # word, positions ascending within each (a stable sort).
+        renumbered = np.empty(len(ranked), dtype=np.int32)
+        renumbered[ranked] = np.arange(len(ranked), dtype=np.int32)
+        ids = renumbered[np.array(term_ids, dtype=np.int32)]
+        term_ids.clear()
+        order = np.argsort(ids, kind="stable")
+        storage.positions = np.array(entry_ids, dtype=np.int32)[order]
+        storage.counts = np.minimum(np.array(tallies, dtype=np.int64), MAX_COUNT).astype(np.uint16)[
+            order
+        ]
+        storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ids, minlength=len(ranked)), out=storage.offsets[1:])
+        storage.npostings = len(ids)
+        storage.generation = generation
+        return cls(tier, owner, generation, usage, storage.size, storage.size, storage, fetch_rows)
+
+    def _owns_end(self) -> bool:
+        return self.storage.size == self.size and self.storage.generation == self.generation
+
+    def added(self, memory: Memory, generation: int, usage: Usage) -> CompactPartition | None:
+        """This partition with one more entry (None: it was not the newest; reload)."""
+        return self._appended(memory, generation, usage, replaces=None)
+
+    def changed(
+        self, target: Memory, replacement: Memory | None, generation: int, usage: Usage
+    ) -> CompactPartition | None:
+        """This partition with `target` replaced (or removed, with None)."""
+        return self._appended(replacement, generation, usage, replaces=target)
+
+    def _appended(
+        self, memory: Memory | None, generation: int, usage: Usage, *, replaces: Memory | None
+    ) -> CompactPartition | None:
+        storage = self.storage
+        with storage.lock:
+            if not self._owns_end():
+                return None
+            count = self.count
+            if replaces is not None:
+                alive = storage.removed_at[: self.size] == _ALIVE
+                found = np.flatnonzero((storage.seq[: self.size] == replaces.seq) & alive)
+                if not len(found):
+                    return None
+                # Older partitions still see it: they are older than `generation`.
+                storage.removed_at[int(found[0])] = generation
+                storage.removals += 1
+                count -= 1
+            size = self.size
+            if memory is not None:
+                storage.grow(size + 1)
+                record = _record(memory)
+                storage.put(size, record)
+                storage.append_postings(size, term_counts(record.content, record.created_at))
+                size += 1
+                count += 1
+            storage.size, storage.generation = size, generation
+        return CompactPartition(
+            self.tier, self.owner, generation, usage, size, count, storage, self.fetch_rows
+        )
+
+    # --- what ranking reads -------------------------------------------------
+
+    @property
+    def seq(self) -> Int64Array:
+        return self.storage.seq[: self.size]
+
+    @property
+    def confidence(self) -> FloatArray:
+        return self.storage.confidence[: self.size]
+
+    @property
+    def recency(self) -> FloatArray:
+        return self.storage.recency[: self.size]
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes
+
+    @property
+    def npostings(self) -> int:
+        return self.storage.npostings
+
+    def alive(self) -> BoolArray | None:
+        """Which positions this partition holds (None: all of them)."""
+        if not self.storage.removals:
+            return None
+        removed_at: Int64Array = self.storage.removed_at[: self.size]
+        return removed_at > self.generation
+
+    def category_mask(self, category: str) -> BoolArray:
+        wanted = self.storage.categories.get(category)
+        if wanted is None:
+            return np.zeros(self.size, dtype=bool)
+        mask: BoolArray = self.storage.category[: self.size] == wanted
+        return mask
+
+    def term(self, term: str) -> tuple[Int32Array, FloatArray] | None:
+        """The positions holding `term` (of those this partition holds) and
+        their BM25 weights, positions ascending."""
+        storage = self.storage
+        parts: list[tuple[Int32Array, CountArray]] = []
+        term_id = storage.vocabulary.get(term)
+        if term_id is not None:
+            start, end = storage.offsets[term_id], storage.offsets[term_id + 1]
+            parts.append((storage.positions[start:end], storage.counts[start:end]))
+        held = storage.appended.get(term)
+        if held is not None:
+            positions, tally, filled = held
+            visible = int(np.searchsorted(positions[:filled], self.size))
+            parts.append((positions[:visible], tally[:visible]))
+        if not parts:
+            return None
+        if len(parts) == 1:
+            positions, tally = parts[0]
+        else:
+            positions = np.concatenate([p for p, _ in parts])
+            tally = np.concatenate([t for _, t in parts])
+        if storage.removals:
+            keep = storage.removed_at[positions] > self.generation
+            positions, tally = positions[keep], tally[keep]
+        if not len(positions):
+            return None
+        return positions, WEIGHTS[tally]
+
+    def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
+        """The entries at these positions, read from the database (None for
+        one removed since)."""
+        seqs = [int(self.storage.seq[p]) for p in positions]
+        found = {m.seq: m for m in self.fetch_rows(self.tier, self.owner, seqs)}
+        return [found.get(s) for s in seqs]
+
+    def by_confidence(self, limit: int) -> list[int]:
+        """The first `limit` positions it holds by confidence, then recency,
+        then insertion (Partition.by_confidence's order)."""
+        return top_by_confidence(self.confidence, self.recency, self.seq, self.alive(), limit)
+
+
+def _record(memory: Memory) -> Record:
+    return Record(
+        memory.seq,
+        memory.id,
+        memory.tier.value,
+        "",
+        memory.content,
+        len(memory.content),
+        memory.category,
+        memory.confidence,
+        to_micros(memory.created_at),
+        to_micros(memory.updated_at),
+    )

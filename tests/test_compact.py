@@ -1,0 +1,274 @@
+"""Large tiers held compactly (sidecar.compact) rank exactly as full partitions do."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._statements import Record
+from sidecar.clock import to_micros
+from sidecar.compact import CompactPartition
+from sidecar.memory import Memory, Tier, Usage
+from sidecar.ranking import Partition, Weights, rank
+from tests.conftest import MakeSidecar, Running
+
+pytestmark = pytest.mark.contract
+
+WORDS = ["deploy", "deploys", "kubernetes", "uv", "python", "july", "2023", "tea", "coffee", "ada"]
+CATEGORIES = ["", "env", "pref"]
+PLAIN: dict[str, Callable[..., object]] = {"scan": lambda m: None, "count_tokens": len}
+START = datetime(2023, 6, 30, 23, 59, 59, 999_999, tzinfo=UTC)
+
+
+class Twin:
+    """The same tier as a Partition and as a CompactPartition, written alike."""
+
+    def __init__(self, memories: list[Memory]) -> None:
+        self.rows = {m.seq: m for m in memories}
+        usage = Usage.of(len(m.content) for m in memories)
+        self.full = Partition.build(Tier.MEMORY, "a", 1, memories, usage)
+        self.compact = CompactPartition.load(
+            Tier.MEMORY, "a", self._scan(memories, usage), self._fetch
+        )
+        self.generation = 1
+
+    def _scan(
+        self, memories: list[Memory], usage: Usage
+    ) -> Callable[[Callable[[list[Record]], None]], tuple[Usage, int]]:
+        def scan(consume: Callable[[list[Record]], None]) -> tuple[Usage, int]:
+            records = [_record(m) for m in memories]
+            for start in range(0, len(records), 3):  # several batches
+                consume(records[start : start + 3])
+            return usage, 1
+
+        return scan
+
+    def _fetch(self, tier: Tier, owner: str, seqs: Sequence[int]) -> list[Memory]:
+        return [self.rows[s] for s in seqs if s in self.rows]
+
+    def add(self, memory: Memory) -> None:
+        self.generation += 1
+        self.rows[memory.seq] = memory
+        self.full = self.full.added(memory, self.generation, Usage(), **PLAIN)
+        compact = self.compact.added(memory, self.generation, Usage())
+        assert compact is not None
+        self.compact = compact
+
+    def change(self, target: Memory, replacement: Memory | None) -> None:
+        self.generation += 1
+        if replacement is None:
+            del self.rows[target.seq]
+        else:
+            self.rows[target.seq] = replacement
+        self.full = self.full.changed(target.id, replacement, self.generation, Usage(), **PLAIN)
+        compact = self.compact.changed(target, replacement, self.generation, Usage())
+        assert compact is not None
+        self.compact = compact
+
+
+def _record(memory: Memory) -> Record:
+    return Record(
+        memory.seq,
+        memory.id,
+        memory.tier.value,
+        "a",
+        memory.content,
+        len(memory.content),
+        memory.category,
+        memory.confidence,
+        to_micros(memory.created_at),
+        to_micros(memory.updated_at),
+    )
+
+
+seqs = itertools.count(1)
+
+entries = st.builds(
+    lambda words, category, confidence, minutes: Memory(
+        id=f"m{(seq := next(seqs))}",
+        tier=Tier.MEMORY,
+        content=" ".join(words),
+        category=category,
+        confidence=confidence,
+        created_at=START + timedelta(minutes=minutes),
+        updated_at=START + timedelta(minutes=minutes),
+        seq=seq,
+    ),
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    st.sampled_from(CATEGORIES),
+    st.sampled_from([0.2, 0.5, 1.0]),
+    st.integers(0, 3),
+)
+queries = st.tuples(
+    st.lists(
+        st.sampled_from(["deploy", "kubernet", "uv", "tea", "2023", "july2023", "zzz"]), max_size=3
+    ),
+    st.sampled_from(["", "env"]),
+    st.booleans(),
+    st.sampled_from([None, 1, 3]),
+)
+# (kind, index, new entry): add it, or update / remove the index-th live entry.
+operations = st.lists(
+    st.tuples(st.sampled_from(["add", "update", "remove"]), st.integers(0, 50), entries),
+    max_size=12,
+)
+
+
+# A full tier beside the compact one (its own seqs).
+OTHER = Partition.build(
+    Tier.USER,
+    "u",
+    1,
+    [
+        Memory(f"u{k}", Tier.USER, text, "", conf, START, START, seq=10_000_000 + k)
+        for k, (text, conf) in enumerate([("ada likes tea", 1.0), ("deploy on friday", 0.5)])
+    ],
+    Usage(),
+)
+
+
+def _answers(
+    partitions: Sequence[object], query: tuple[list[str], str, bool, int | None]
+) -> list[tuple[str, str, float]]:
+    words, category, match_all, limit = query
+    hits = rank(
+        partitions,  # type: ignore[arg-type]
+        words,
+        Weights(),
+        match_all=match_all,
+        category=category,
+        limit=limit,
+        vectorized=True,
+    )
+    return [(m.id, m.content, score) for m, score in hits]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(entries, min_size=1, max_size=25),
+    operations,
+    st.lists(queries, min_size=1, max_size=4),
+)
+def test_compact_partitions_rank_exactly_as_full_ones(
+    memories: list[Memory],
+    ops: list[tuple[str, int, Memory]],
+    asked: list[tuple[list[str], str, bool, int | None]],
+) -> None:
+    twin = Twin(memories)
+    history = [(twin.full, twin.compact)]
+    for kind, index, entry in ops:
+        live = list(twin.full.memories)
+        if kind == "add" or not live:
+            twin.add(entry)
+        elif kind == "update":
+            target = live[index % len(live)]
+            twin.change(target, dataclasses.replace(entry, id=target.id, seq=target.seq))
+        else:
+            twin.change(live[index % len(live)], None)
+        history.append((twin.full, twin.compact))
+    # Every partition along the way still ranks as its full twin does (older
+    # ones share the newest one's storage, written past their end); entries
+    # are read as they are now: the older ones leave out entries removed
+    # since, and show their current content.
+    now = {m.id for m in (*twin.rows.values(), *OTHER.memories)}
+    for age, (full, compact) in enumerate(reversed(history[-3:])):
+        assert compact.count == full.count
+        for query in asked:
+            # Alone, and beside a full tier.
+            for also in ([], [OTHER]):
+                expected = _answers([full, *also], query)
+                found = _answers([compact, *also], query)
+                if age:
+                    expected = [(i, "", score) for i, _, score in expected if i in now]
+                    found = [(i, "", score) for i, _, score in found]
+                assert found == expected
+        order = [m.id for m, _ in rank([full], [], Weights(), limit=5) if m.id in now]
+        assert [m.id for m, _ in rank([compact], [], Weights(), limit=5)] == order
+
+
+def test_an_older_partition_written_again_asks_for_a_reload() -> None:
+    first = Memory("m1", Tier.MEMORY, "uv", "", 1.0, START, START, seq=1)
+    twin = Twin([first])
+    older = twin.compact
+    twin.add(Memory("m2", Tier.MEMORY, "tea", "", 1.0, START, START, seq=2))
+    assert (
+        older.added(Memory("m3", Tier.MEMORY, "x", "", 1.0, START, START, seq=3), 9, Usage())
+        is None
+    )
+    assert older.changed(first, None, 9, Usage()) is None
+    # ... and the newer one was not touched by the attempt.
+    assert [m.id for m, _ in rank([twin.compact], [], Weights())] == ["m1", "m2"]
+
+
+def test_a_compact_tier_holds_a_fraction_of_a_full_ones_memory() -> None:
+    memories = [
+        Memory(
+            f"m{k}", Tier.MEMORY, f"note {k} about deploy number {k % 97} with uv", "",
+            1.0, START, START, seq=k,
+        )
+        for k in range(1, 3001)
+    ]  # fmt: skip
+    twin = Twin(memories)
+    assert twin.compact.nbytes * 5 < twin.full.nbytes
+    assert np.array_equal(twin.compact.seq, twin.full.seq)
+
+
+# --- over a real daemon, on every backend -----------------------------------
+
+SCOPE = pb.Scope(agent_id="agent", user_id="ada")
+NOTES = [
+    f"note {k}: the {['api', 'worker', 'cron'][k % 3]} deploys with "
+    f"{['uv', 'helm', 'kubectl', 'make'][k % 4]} on {['monday', 'friday'][k % 2]}"
+    for k in range(40)
+]
+QUESTIONS = ["how does the worker deploy", "helm friday", "cron", "uv monday api", "nothing here"]
+
+
+def _observed(running: Running) -> tuple[list[list[tuple[str, float]]], str]:
+    found = [
+        [
+            (hit.memory.id, round(hit.score, 12))
+            for hit in running.stub.SearchMemories(
+                pb.SearchMemoriesRequest(query=q, scope=SCOPE, limit=7), timeout=10
+            ).hits
+        ]
+        for q in QUESTIONS
+    ]
+    return found, running.turn("s", "worker deploy", scope=SCOPE).system_block
+
+
+def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
+    make_sidecar: MakeSidecar,
+) -> None:
+    config = (
+        "defaults: {memory_char_limit: 0, max_injection_tokens: 120}\n"
+        "server: {compact_tier_entries: %d}"
+    )
+    full = make_sidecar(config % 0, name="same.db")
+    ids = []
+    for k, note in enumerate(NOTES):
+        ids.append(full.add(note, scope=SCOPE, confidence=[1.0, 0.7, 0.4][k % 3]).memory.id)
+    full.add("ada likes tea", scope=SCOPE, tier=pb.TIER_USER)
+
+    compact = make_sidecar(config % 10, name="same.db")
+    assert _observed(compact) == _observed(full)
+
+    # Writes through the compact daemon: applied to its compact tier in place.
+    compact.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            id=ids[3], scope=SCOPE, content="note 3: the worker deploys with nix"
+        ),
+        timeout=10,
+    )
+    compact.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[4], scope=SCOPE), timeout=10)
+    compact.add("the worker deploy moved to friday", scope=SCOPE, confidence=1.0)
+    fresh = make_sidecar(config % 0, name="same.db")
+    assert _observed(compact) == _observed(fresh)
