@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -32,6 +32,10 @@ from sidecar.errors import (
 
 SCHEMA_TABLE = "schema_version"
 STATE_TABLE = "tier_state"
+# A large partition's compact index as of some generation, in parts, and the
+# seqs each write since then changed (sidecar.compact; schema 5).
+INDEX_TABLE = "tier_index"
+CHANGES_TABLE = "tier_changes"
 # The duplicate check asks for a partition's first entry with a digest
 # (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
@@ -47,11 +51,14 @@ _TRANSACTION_CONTROL = ("begin", "commit", "rollback")
 
 
 class PartitionState(NamedTuple):
-    """A partition's state row: what its entries occupy, and its generation."""
+    """A partition's state row: what its entries occupy, its generation, and
+    the generation its persisted compact index is as of (0: none; then every
+    write logs the seqs it changed, see Backend.log_changes)."""
 
     content_chars: int
     entry_count: int
     generation: int
+    indexed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +162,7 @@ class Backend(abc.ABC):
         if row is None:
             self.db.execute_sql(self._create_sql, (owner, tier))
             row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
-        return PartitionState(int(row[0]), int(row[1]), int(row[2]))
+        return PartitionState(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
 
     def advance(self, owner: str, tier: str, content_chars: int, entry_count: int) -> int:
         """Store the partition's new totals; return its new generation.
@@ -173,15 +180,77 @@ class Backend(abc.ABC):
         """The state rows of these (owner, tier) partitions that exist."""
         p = self.db.param
         sql = (
-            f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+            f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
             f" WHERE owner = {p} AND tier = {p}"
         )
         found: dict[tuple[str, str], PartitionState] = {}
         for owner, tier in keys:
             row = self.db.execute_sql(sql, (owner, tier)).fetchone()
             if row is not None:
-                found[(owner, tier)] = PartitionState(int(row[0]), int(row[1]), int(row[2]))
+                found[(owner, tier)] = PartitionState(*(int(value) for value in row))
         return found
+
+    # --- the persisted compact index (sidecar.compact) ----------------------
+
+    def log_changes(self, owner: str, tier: str, generation: int, seqs: Iterable[int]) -> None:
+        """Note, in the write's transaction, which entries it added, changed
+        or removed: a partition with a persisted index is loaded from the
+        index plus these."""
+        p = self.db.param
+        sql = (
+            f"INSERT INTO {CHANGES_TABLE} (owner, tier, generation, seq)"
+            f" VALUES ({p}, {p}, {p}, {p})"
+        )
+        for seq in seqs:
+            self.db.execute_sql(sql, (owner, tier, generation, seq))
+
+    def drop_index(self, owner: str, tier: str) -> None:
+        """Forget the partition's persisted index (a bulk write: import,
+        restore); its next load indexes its rows. Inside write_transaction."""
+        p = self.db.param
+        for table in (INDEX_TABLE, CHANGES_TABLE):
+            sql = f"DELETE FROM {table} WHERE owner = {p} AND tier = {p}"
+            self.db.execute_sql(sql, (owner, tier))
+        self.db.execute_sql(
+            f"UPDATE {STATE_TABLE} SET indexed = 0 WHERE owner = {p} AND tier = {p}", (owner, tier)
+        )
+
+    def read_index(self, owner: str, tier: str) -> bytes:
+        p = self.db.param
+        cursor = self.db.execute_sql(
+            f"SELECT data FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p} ORDER BY part",
+            (owner, tier),
+        )
+        return b"".join(bytes(row[0]) for row in cursor.fetchall())
+
+    def changes_since(self, owner: str, tier: str, generation: int) -> list[int]:
+        """The seqs written since that generation, each once."""
+        p = self.db.param
+        cursor = self.db.execute_sql(
+            f"SELECT DISTINCT seq FROM {CHANGES_TABLE}"
+            f" WHERE owner = {p} AND tier = {p} AND generation > {p}",
+            (owner, tier, generation),
+        )
+        return sorted(int(row[0]) for row in cursor.fetchall())
+
+    def save_index(self, owner: str, tier: str, generation: int, parts: Sequence[bytes]) -> None:
+        """Replace the partition's persisted index with one as of `generation`.
+        Inside write_transaction, after lock_partition."""
+        p = self.db.param
+        self.db.execute_sql(
+            f"DELETE FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p}", (owner, tier)
+        )
+        insert = f"INSERT INTO {INDEX_TABLE} (owner, tier, part, data) VALUES ({p}, {p}, {p}, {p})"
+        for number, part in enumerate(parts):
+            self.db.execute_sql(insert, (owner, tier, number, part))
+        self.db.execute_sql(
+            f"DELETE FROM {CHANGES_TABLE} WHERE owner = {p} AND tier = {p} AND generation <= {p}",
+            (owner, tier, generation),
+        )
+        self.db.execute_sql(
+            f"UPDATE {STATE_TABLE} SET indexed = {p} WHERE owner = {p} AND tier = {p}",
+            (generation, owner, tier),
+        )
 
     def all_states(self) -> Iterator[tuple[str, str, PartitionState]]:
         """Every state row, as (owner, tier, state)."""

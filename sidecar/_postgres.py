@@ -26,7 +26,15 @@ from typing import Any
 from playhouse.pool import MaxConnectionsExceeded
 
 from sidecar import _backend
-from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar._backend import (
+    CHANGES_TABLE,
+    CONTENT_INDEX,
+    INDEX_TABLE,
+    SCHEMA_TABLE,
+    STATE_TABLE,
+    Backend,
+    FeedSettings,
+)
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import (
     StoreError,
@@ -127,10 +135,33 @@ def _v4_schema(db: Any) -> None:
     db.execute_sql(f"CREATE SEQUENCE {SEQUENCE}")
 
 
+def _v5_compact_index(db: Any) -> None:
+    """Schema 5: large partitions' compact indexes, persisted, and the seqs
+    each write changes once a partition has one (sidecar.compact)."""
+    db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN indexed BIGINT NOT NULL DEFAULT 0")
+    db.execute_sql(
+        f"CREATE TABLE {INDEX_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " part INTEGER NOT NULL,"
+        " data BYTEA NOT NULL,"
+        " PRIMARY KEY (owner, tier, part))"
+    )
+    db.execute_sql(
+        f"CREATE TABLE {CHANGES_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " generation BIGINT NOT NULL,"
+        " seq BIGINT NOT NULL)"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{CHANGES_TABLE} ON {CHANGES_TABLE} (owner, tier, generation)")
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (4, "memories, idempotency keys, a state row per partition", _v4_schema),
+    (5, "persisted compact indexes of large partitions", _v5_compact_index),
 ]
 
 # SQLSTATEs a client can act on by retrying.
@@ -188,7 +219,7 @@ class PostgresBackend(Backend):
     migrations = MIGRATIONS
 
     _lock_sql = (
-        f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+        f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
         " WHERE owner = %s AND tier = %s FOR UPDATE"
     )
     _create_sql = (

@@ -19,7 +19,15 @@ import peewee
 from playhouse.pool import PooledSqliteDatabase
 
 from sidecar import _backend
-from sidecar._backend import CONTENT_INDEX, SCHEMA_TABLE, STATE_TABLE, Backend, FeedSettings
+from sidecar._backend import (
+    CHANGES_TABLE,
+    CONTENT_INDEX,
+    INDEX_TABLE,
+    SCHEMA_TABLE,
+    STATE_TABLE,
+    Backend,
+    FeedSettings,
+)
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import parse_timestamp, system_clock, to_micros
 from sidecar.errors import (
@@ -203,6 +211,28 @@ def _v4_tier_state(db: PooledSqliteDatabase) -> None:
     db.execute_sql(f"CREATE INDEX idx_memories_content ON memories {CONTENT_INDEX}")
 
 
+def _v5_compact_index(db: PooledSqliteDatabase) -> None:
+    """Schema 5: large partitions' compact indexes, persisted, and the seqs
+    each write changes once a partition has one (sidecar.compact)."""
+    db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN indexed INTEGER NOT NULL DEFAULT 0")
+    db.execute_sql(
+        f"CREATE TABLE {INDEX_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " part INTEGER NOT NULL,"
+        " data BLOB NOT NULL,"
+        " PRIMARY KEY (owner, tier, part))"
+    )
+    db.execute_sql(
+        f"CREATE TABLE {CHANGES_TABLE} ("
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " generation INTEGER NOT NULL,"
+        " seq INTEGER NOT NULL)"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{CHANGES_TABLE} ON {CHANGES_TABLE} (owner, tier, generation)")
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -213,6 +243,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (2, "two tiers, owners, confidence", _v2_tiers),
     (3, "idempotency keys", _v3_idempotency),
     (4, "a state row per partition", _v4_tier_state),
+    (5, "persisted compact indexes of large partitions", _v5_compact_index),
 ]
 
 
@@ -292,7 +323,7 @@ class SqliteBackend(Backend):
     # state row needs no lock of its own, and a generation drawn as the
     # largest so far plus one is unique and grows in commit order.
     _lock_sql = (
-        f"SELECT content_chars, entry_count, generation FROM {STATE_TABLE}"
+        f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
         " WHERE owner = ? AND tier = ?"
     )
     _create_sql = (

@@ -26,6 +26,9 @@ load, plus per-term arrays for what was appended since.
 from __future__ import annotations
 
 import array
+import hashlib
+import io
+import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,6 +43,7 @@ from sidecar.clock import from_micros, to_micros
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import K1, B, date_terms, top_by_confidence
+from sidecar.store import IndexSource
 
 Int32Array = npt.NDArray[np.int32]
 Int64Array = npt.NDArray[np.int64]
@@ -58,6 +62,8 @@ WEIGHTS: FloatArray = np.array(
     [0.0, *(tf * (K1 + 1) / (tf + _NORM) for tf in range(1, MAX_COUNT + 1))], dtype=np.float64
 )
 _ALIVE = np.iinfo(np.int64).max
+# The persisted index's layout; another is not read (the tier is indexed again).
+FORMAT = 1
 
 Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
 
@@ -69,6 +75,11 @@ def term_counts(content: str, created_micros: int) -> Counter[str]:
     return counts
 
 
+def word_hash(word: str) -> int:
+    """A word's 64-bit hash, the same in every process (str's hash is not)."""
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), signed=True)
+
+
 class Vocabulary:
     """The base segment's words, about 30 bytes each where a dict of str to
     int holds about 120: their 64-bit hashes sorted, and the words' UTF-8
@@ -77,21 +88,30 @@ class Vocabulary:
 
     __slots__ = ("bounds", "hashes", "text")
 
-    def __init__(self, words: Sequence[str]) -> None:
+    def __init__(self, hashes: Int64Array, bounds: Int64Array, text: bytes) -> None:
+        self.hashes, self.bounds, self.text = hashes, bounds, text
+
+    @classmethod
+    def of(cls, words: Sequence[str]) -> Vocabulary:
         """`words` sorted by hash (see `order`)."""
-        self.hashes: Int64Array = np.array([hash(w) for w in words], dtype=np.int64)
         encoded = [w.encode() for w in words]
-        self.bounds: Int64Array = np.zeros(len(words) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=self.bounds[1:])
-        self.text = b"".join(encoded)
+        bounds: Int64Array = np.zeros(len(words) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=bounds[1:])
+        hashes = np.array([word_hash(w) for w in words], dtype=np.int64)
+        return cls(hashes, bounds, b"".join(encoded))
 
     @staticmethod
     def order(words: Sequence[str]) -> Int64Array:
         """The order of these words in a Vocabulary."""
-        return np.argsort(np.array([hash(w) for w in words], dtype=np.int64), kind="stable")
+        hashes = np.array([word_hash(w) for w in words], dtype=np.int64)
+        return np.argsort(hashes, kind="stable")
+
+    def words(self) -> list[str]:
+        text, bounds = self.text, self.bounds.tolist()
+        return [text[bounds[i] : bounds[i + 1]].decode() for i in range(len(self.hashes))]
 
     def get(self, word: str) -> int | None:
-        wanted = hash(word)
+        wanted = word_hash(word)
         at = int(np.searchsorted(self.hashes, wanted))
         encoded = word.encode()
         while at < len(self.hashes) and self.hashes[at] == wanted:
@@ -126,7 +146,11 @@ class _Storage:
         self.removals = 0
         self.categories: dict[str, int] = {"": 0}
         # The base segment.
-        self.vocabulary = Vocabulary(())
+        self.vocabulary = Vocabulary.of(())
+        # The persisted index this storage started from or last saved (its
+        # generation; 0: none), and how many writes it had applied then.
+        self.indexed = 0
+        self.indexed_ops = 0
         self.offsets: Int64Array = np.zeros(1, dtype=np.int64)
         self.positions: Int32Array = np.empty(0, dtype=np.int32)
         self.counts: CountArray = np.empty(0, dtype=np.uint16)
@@ -207,6 +231,8 @@ class CompactPartition:
     count: int
     storage: _Storage = field(repr=False)
     fetch_rows: Fetch = field(repr=False)
+    # Writes applied to the storage up to this partition (see `unindexed`).
+    ops: int = 0
     # Never any: findings are looked for in the entries a call returns.
     flagged: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -249,25 +275,137 @@ class CompactPartition:
         usage, generation = scan(consume)
         words = list(vocabulary)
         vocabulary.clear()
-        ranked = Vocabulary.order(words)
-        storage.vocabulary = Vocabulary([words[i] for i in ranked])
-        del words
-        # Renumber the words in Vocabulary order, then group the pairs by
-        # word, positions ascending within each (a stable sort).
-        renumbered = np.empty(len(ranked), dtype=np.int32)
-        renumbered[ranked] = np.arange(len(ranked), dtype=np.int32)
-        ids = renumbered[np.frombuffer(term_ids, dtype=np.int32)]
-        del term_ids[:]
-        order = np.argsort(ids, kind="stable")
-        storage.positions = np.frombuffer(entry_ids, dtype=np.int32)[order]
-        del entry_ids[:]
-        storage.counts = np.frombuffer(tallies, dtype=np.uint16)[order]
-        del tallies[:]
-        storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(ids, minlength=len(ranked)), out=storage.offsets[1:])
-        storage.npostings = len(ids)
+        _segment(
+            storage,
+            words,
+            np.frombuffer(term_ids, dtype=np.int32).copy(),
+            np.frombuffer(entry_ids, dtype=np.int32).copy(),
+            np.frombuffer(tallies, dtype=np.uint16).copy(),
+        )
+        del term_ids[:], entry_ids[:], tallies[:]
         storage.generation = generation
-        return cls(tier, owner, generation, usage, storage.size, storage.size, storage, fetch_rows)
+        size = storage.size
+        # Never persisted: everything it holds is unindexed.
+        return cls(tier, owner, generation, usage, size, size, storage, fetch_rows, ops=size)
+
+    @classmethod
+    def restore(
+        cls, tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch
+    ) -> CompactPartition:
+        """A partition from its persisted index, and the writes made since."""
+        storage = _Storage()
+        with np.load(io.BytesIO(source.data), allow_pickle=False) as saved:
+            if int(saved["version"][0]) != FORMAT:
+                raise ValueError(f"compact index format {int(saved['version'][0])}")
+            seq = saved["seq"]
+            size = len(seq)
+            storage.grow(size + 1)
+            storage.seq[:size] = seq
+            storage.confidence[:size] = saved["confidence"]
+            storage.recency[:size] = saved["recency"]
+            storage.category[:size] = saved["category"]
+            storage.removed_at[:size] = _ALIVE
+            names = json.loads(saved["categories"].tobytes().decode())
+            storage.categories = {name: i for i, name in enumerate(names)}
+            storage.vocabulary = Vocabulary(
+                saved["hashes"], saved["bounds"], saved["text"].tobytes()
+            )
+            storage.offsets = saved["offsets"]
+            storage.positions = saved["positions"]
+            storage.counts = saved["counts"]
+        storage.size = size
+        storage.npostings = len(storage.positions)
+        storage.indexed = source.indexed
+        count = size
+        # The writes since the index: an entry changed or removed is taken
+        # out (saved entries are in seq order), a changed one put back.
+        for seq_of in [*source.removed, *(r.seq for r in source.changed)]:
+            at = int(np.searchsorted(seq, seq_of))
+            if at < len(seq) and seq[at] == seq_of and storage.removed_at[at] == _ALIVE:
+                storage.removed_at[at] = source.generation
+                storage.removals += 1
+                count -= 1
+        for record in source.changed:
+            storage.grow(storage.size + 1)
+            storage.put(storage.size, record)
+            storage.append_postings(storage.size, term_counts(record.content, record.created_at))
+            storage.size += 1
+            count += 1
+        storage.generation = source.generation
+        ops = len(source.changed) + len(source.removed)
+        return cls(
+            tier, owner, source.generation, source.usage, storage.size, count, storage,
+            fetch_rows, ops=ops,
+        )  # fmt: skip
+
+    @property
+    def unindexed(self) -> int:
+        """Writes this partition holds that its storage's persisted index lacks
+        (everything, when there is none)."""
+        if not self.storage.indexed:
+            return max(self.ops, 1)
+        return self.ops - self.storage.indexed_ops
+
+    def saved(self) -> None:
+        """Its index was persisted (as of its generation)."""
+        with self.storage.lock:
+            if self.generation > self.storage.indexed:
+                self.storage.indexed, self.storage.indexed_ops = self.generation, self.ops
+
+    def to_bytes(self) -> bytes:
+        """Its index, to persist: the entries it holds in seq order, their
+        words in a fresh base segment (what was appended folded in)."""
+        storage, size = self.storage, self.size
+        alive = self.alive()
+        kept = np.arange(size) if alive is None else np.flatnonzero(alive)
+        kept = kept[np.argsort(storage.seq[kept], kind="stable")]
+        moved = np.full(size, -1, dtype=np.int64)
+        moved[kept] = np.arange(len(kept))
+        words = storage.vocabulary.words()
+        known: dict[str, int] = {}
+        base_ids = np.repeat(
+            np.arange(len(words), dtype=np.int32), np.diff(storage.offsets).astype(np.int64)
+        )
+        id_parts, position_parts, count_parts = [base_ids], [storage.positions], [storage.counts]
+        for word, (held, tally, filled) in list(storage.appended.items()):
+            visible = int(np.searchsorted(held[:filled], size))
+            term_id = storage.vocabulary.get(word)
+            if term_id is None:
+                term_id = known.get(word)
+                if term_id is None:
+                    term_id = known[word] = len(words)
+                    words.append(word)
+            id_parts.append(np.full(visible, term_id, dtype=np.int32))
+            position_parts.append(held[:visible])
+            count_parts.append(tally[:visible])
+        ids = np.concatenate(id_parts)
+        remapped = moved[np.concatenate(position_parts)]
+        counts = np.concatenate(count_parts)
+        keep = remapped >= 0
+        ids, counts = ids[keep], counts[keep]
+        positions = remapped[keep].astype(np.int32)
+        # Positions ascending, so that each word's stay ascending in _segment.
+        order = np.argsort(positions, kind="stable")
+        out = _Storage()
+        _segment(out, words, ids[order], positions[order], counts[order])
+        names = sorted(storage.categories, key=storage.categories.__getitem__)
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            version=np.array([FORMAT]),
+            seq=storage.seq[kept],
+            confidence=storage.confidence[kept],
+            recency=storage.recency[kept],
+            category=storage.category[kept],
+            categories=np.frombuffer(json.dumps(names).encode(), dtype=np.uint8),
+            hashes=out.vocabulary.hashes,
+            bounds=out.vocabulary.bounds,
+            text=np.frombuffer(out.vocabulary.text, dtype=np.uint8),
+            offsets=out.offsets,
+            positions=out.positions,
+            counts=out.counts,
+        )
+        return buffer.getvalue()
 
     def _owns_end(self) -> bool:
         return self.storage.size == self.size and self.storage.generation == self.generation
@@ -309,8 +447,9 @@ class CompactPartition:
                 count += 1
             storage.size, storage.generation = size, generation
         return CompactPartition(
-            self.tier, self.owner, generation, usage, size, count, storage, self.fetch_rows
-        )
+            self.tier, self.owner, generation, usage, size, count, storage, self.fetch_rows,
+            ops=self.ops + 1,
+        )  # fmt: skip
 
     # --- what ranking reads -------------------------------------------------
 
@@ -387,6 +526,31 @@ class CompactPartition:
         """The first `limit` positions it holds by confidence, then recency,
         then insertion (Partition.by_confidence's order)."""
         return top_by_confidence(self.confidence, self.recency, self.seq, self.alive(), limit)
+
+
+def _segment(
+    storage: _Storage,
+    words: list[str],
+    ids: Int32Array,
+    positions: Int32Array,
+    counts: CountArray,
+) -> None:
+    """Make (word id, position, count) triples, positions ascending, the
+    storage's base segment: words in Vocabulary order, those without a
+    position left out, each word's positions ascending (a stable sort)."""
+    present = np.bincount(ids, minlength=len(words)) > 0
+    kept = [w for w, here in zip(words, present.tolist(), strict=True) if here]
+    ranked = Vocabulary.order(kept)
+    storage.vocabulary = Vocabulary.of([kept[i] for i in ranked])
+    renumbered = np.full(len(words), -1, dtype=np.int32)
+    renumbered[np.flatnonzero(present)[ranked]] = np.arange(len(ranked), dtype=np.int32)
+    new_ids = renumbered[ids]
+    order = np.argsort(new_ids, kind="stable")
+    storage.positions = positions[order]
+    storage.counts = counts[order]
+    storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(new_ids, minlength=len(ranked)), out=storage.offsets[1:])
+    storage.npostings = len(new_ids)
 
 
 def _record(memory: Memory) -> Record:

@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 import weakref
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,12 @@ PartitionKey = tuple[Tier, str]
 # A tier's entries and index: in full, or compact (a large tier).
 AnyPartition = Partition | CompactPartition
 _STRIPES = 64
+# A compact partition's index is persisted again once it lacks this many
+# writes, or 1% of its entries if more: each load replays what it lacks.
+INDEX_EVERY = 1000
+# Parts of at most this many bytes (a row each: PostgreSQL's bytea and
+# SQLite's blobs stay far from their 1 GB limits, and from a big allocation).
+_INDEX_PART = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
@@ -180,6 +187,9 @@ class MemoryEngine:
             weakref.WeakValueDictionary()
         )
         self._view_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Partitions whose compact index is being persisted (one at a time each).
+        self._indexing: set[PartitionKey] = set()
+        self._indexing_lock = threading.Lock()
         self._partition_locks = [threading.Lock() for _ in range(_STRIPES)]
         # Limits per configured agent, computed once; every other agent id
         # shares the defaults' (nothing is kept per agent id seen).
@@ -244,6 +254,7 @@ class MemoryEngine:
                 changed = change(cached, written.generation)
                 if changed is not None:
                     self._partitions.put(key, changed)
+                    self._maybe_index(key, changed)
         self._metrics.snapshot_invalidations.labels("write").inc()
 
     def _heard(self, owner: str, tier: str, generation: int) -> None:
@@ -456,16 +467,76 @@ class MemoryEngine:
         tier, owner = key
         threshold = self._config.server.compact_tier_entries
         if threshold and self._store.entry_count(tier, owner) >= threshold:
-            return CompactPartition.load(
-                tier,
-                owner,
-                lambda consume: self._store.scan_tier(tier, owner, consume),
-                self._store.memories_by_seq,
-            )
+            compact = self._compact(tier, owner)
+            self._maybe_index(key, compact)
+            return compact
         loaded = self._store.tier_entries(tier, owner)
         return Partition.build(
             tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
         )
+
+    def _compact(self, tier: Tier, owner: str) -> CompactPartition:
+        """A large partition: from its persisted index and the writes logged
+        since, or, without a usable one, from its rows."""
+        source = self._store.compact_source(tier, owner)
+        if source.data:
+            try:
+                restored = CompactPartition.restore(
+                    tier, owner, source, self._store.memories_by_seq
+                )
+            except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
+                log.warning("the compact index of %s/%s is unreadable (%s)", owner, tier.value, exc)
+            else:
+                if restored.count == source.usage.entry_count:
+                    return restored
+                log.warning(
+                    "the compact index of %s/%s holds %d entries where the tier has %d",
+                    owner,
+                    tier.value,
+                    restored.count,
+                    source.usage.entry_count,
+                )
+            log.warning("indexing %s/%s from its rows", owner, tier.value)
+        return CompactPartition.load(
+            tier,
+            owner,
+            lambda consume: self._store.scan_tier(tier, owner, consume),
+            self._store.memories_by_seq,
+        )
+
+    def _maybe_index(self, key: PartitionKey, partition: AnyPartition) -> None:
+        """Persist a compact partition's index in the background when it has
+        none, or when it holds many writes its index lacks (every load
+        replays those)."""
+        if not isinstance(partition, CompactPartition):
+            return
+        due = max(INDEX_EVERY, partition.count // 100)
+        if partition.storage.indexed and partition.unindexed < due:
+            return
+        with self._indexing_lock:
+            if key in self._indexing:
+                return
+            self._indexing.add(key)
+        threading.Thread(
+            target=self._index, args=(key, partition), name="memory-indexer", daemon=True
+        ).start()
+
+    def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
+        try:
+            data = partition.to_bytes()
+            parts = [data[at : at + _INDEX_PART] for at in range(0, len(data), _INDEX_PART)]
+            if self._store.save_index(key[0], key[1], partition.generation, parts):
+                partition.saved()
+        except Exception:  # the next write or load tries again
+            log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
+        finally:
+            with self._indexing_lock:
+                self._indexing.discard(key)
+
+    def indexing(self) -> bool:
+        """Whether a compact index is being persisted (tests and the bench wait)."""
+        with self._indexing_lock:
+            return bool(self._indexing)
 
     def _is_current(self, view: View) -> bool:
         return all(self._is_fresh(p) for p in view.partitions)

@@ -81,6 +81,19 @@ class Written(NamedTuple):
     generation: int
 
 
+class IndexSource(NamedTuple):
+    """A partition's persisted compact index (`data`, as of generation
+    `indexed`), the rows written since (`changed`, and the seqs `removed`),
+    and the partition's usage and generation now."""
+
+    data: bytes
+    indexed: int
+    changed: list[Record]
+    removed: list[int]
+    usage: Usage
+    generation: int
+
+
 class Loaded(NamedTuple):
     """One partition as of one generation."""
 
@@ -333,7 +346,7 @@ class Store:
                 )
                 inserted += 1
             for (owner, tier), state in states.items():
-                self._backend.advance(owner, tier.value, state.content_chars, state.entry_count)
+                self._advance(owner, tier, state)
         if inserted:
             self._analyze()
         return inserted, present
@@ -425,7 +438,7 @@ class Store:
                 content_chars=state.content_chars + len(content),
                 entry_count=state.entry_count + 1,
             )
-            generation = self._advance(owner, tier, after)
+            generation = self._advance(owner, tier, after, [row.seq])
             return Written(_to_memory(row), _usage_of(after), True, state.generation, generation)
 
     def update(
@@ -485,7 +498,7 @@ class Store:
                     seq=row.seq,
                 ),
             )
-            generation = self._advance(row.owner, tier, after)
+            generation = self._advance(row.owner, tier, after, [row.seq])
             return Written(_to_memory(row), _usage_of(after), False, state.generation, generation)
 
     def delete(
@@ -500,7 +513,7 @@ class Store:
                 content_chars=state.content_chars - row.content_chars,
                 entry_count=state.entry_count - 1,
             )
-            generation = self._advance(row.owner, Tier(row.tier), after)
+            generation = self._advance(row.owner, Tier(row.tier), after, [row.seq])
             return Written(_to_memory(row), _usage_of(after), False, state.generation, generation)
 
     def import_entries(
@@ -551,7 +564,7 @@ class Store:
                 used, count, chars = used + added, count + 1, chars + len(entry.content)
                 report.imported.append(entry)
             if report.imported:
-                self._advance(owner, tier, PartitionState(chars, count, state.generation))
+                self._advance(owner, tier, state._replace(content_chars=chars, entry_count=count))
         if report.imported:
             self._analyze()
         return report
@@ -621,6 +634,37 @@ class Store:
             return Usage(rendered_chars(chars, count), count), 0
         return _usage_of(state), state.generation
 
+    def compact_source(self, tier: Tier, owner: str) -> IndexSource:
+        """What loading a partition from its persisted compact index needs,
+        as of one snapshot (no index: `data` is empty)."""
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+            if state is None or not state.indexed:
+                return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0)
+            data = self._backend.read_index(owner, tier.value)
+            seqs = self._backend.changes_since(owner, tier.value, state.indexed)
+            changed: list[Record] = []
+            for start in range(0, len(seqs), _SEQ_BATCH):
+                sql, params = self._sql.by_seqs(owner, tier.value, seqs[start : start + _SEQ_BATCH])
+                changed.extend(Record(*row) for row in self._db.execute_sql(sql, params).fetchall())
+        present = {r.seq for r in changed}
+        removed = [s for s in seqs if s not in present]
+        usage = _usage_of(state)
+        return IndexSource(data, state.indexed, changed, removed, usage, state.generation)
+
+    def save_index(self, tier: Tier, owner: str, generation: int, parts: Sequence[bytes]) -> bool:
+        """Persist a partition's compact index as of `generation`, if that is
+        newer than the one kept and nothing unlogged was written since."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            state = self._backend.lock_partition(owner, tier.value)
+            # Writes log their changes only once an index exists: the first
+            # one must be as of the partition's current generation.
+            unlogged = not state.indexed and state.generation != generation
+            if state.indexed >= generation or unlogged:
+                return False
+            self._backend.save_index(owner, tier.value, generation, parts)
+            return True
+
     def memories_by_seq(self, tier: Tier, owner: str, seqs: Sequence[int]) -> list[Memory]:
         """The partition's entries with these seqs, in the order asked; any
         since removed are left out."""
@@ -653,8 +697,21 @@ class Store:
             tier: _usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
         }
 
-    def _advance(self, owner: str, tier: Tier, after: PartitionState) -> int:
-        return self._backend.advance(owner, tier.value, after.content_chars, after.entry_count)
+    def _advance(
+        self, owner: str, tier: Tier, after: PartitionState, seqs: Sequence[int] = ()
+    ) -> int:
+        """Store the partition's new state; return its generation. A partition
+        with a persisted compact index logs the seqs the write changed, or,
+        for a bulk write (no seqs), has its index dropped."""
+        generation = self._backend.advance(
+            owner, tier.value, after.content_chars, after.entry_count
+        )
+        if after.indexed:
+            if seqs:
+                self._backend.log_changes(owner, tier.value, generation, seqs)
+            else:
+                self._backend.drop_index(owner, tier.value)
+        return generation
 
     def _find_locked(self, scope: Scope, memory_id: str) -> tuple[Record, PartitionState]:
         """The entry of this scope with this id, and its partition's state row, locked.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +19,7 @@ from sidecar.clock import to_micros
 from sidecar.compact import CompactPartition
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import Partition, Weights, rank
+from sidecar.store import IndexSource
 from tests.conftest import MakeSidecar, Running
 
 pytestmark = pytest.mark.contract
@@ -163,17 +165,41 @@ def test_compact_partitions_rank_exactly_as_full_ones(
     asked: list[tuple[list[str], str, bool, int | None]],
 ) -> None:
     twin = Twin(memories)
+    saved = twin.compact.to_bytes()
+    touched: set[int] = set()
     history = [(twin.full, twin.compact)]
     for kind, index, entry in ops:
         live = list(twin.full.memories)
         if kind == "add" or not live:
             twin.add(entry)
+            touched.add(entry.seq)
         elif kind == "update":
             target = live[index % len(live)]
             twin.change(target, dataclasses.replace(entry, id=target.id, seq=target.seq))
+            touched.add(target.seq)
         else:
             twin.change(live[index % len(live)], None)
+            touched.add(live[index % len(live)].seq)
         history.append((twin.full, twin.compact))
+    # Persisted and read back: as of now, and as of the start plus the
+    # writes since (what a load replays), both rank as the full partition.
+    now_rows = sorted(touched & twin.rows.keys())
+    sources = [
+        IndexSource(twin.compact.to_bytes(), twin.generation, [], [], Usage(), twin.generation),
+        IndexSource(
+            saved,
+            1,
+            [_record(twin.rows[seq]) for seq in now_rows],
+            sorted(touched - twin.rows.keys()),
+            Usage(),
+            twin.generation,
+        ),
+    ]
+    for source in sources:
+        restored = CompactPartition.restore(Tier.MEMORY, "a", source, twin._fetch)
+        assert restored.count == twin.full.count
+        for query in asked:
+            assert _answers([restored], query) == _answers([twin.full], query)
     # Every partition along the way still ranks as its full twin does (older
     # ones share the newest one's storage, written past their end); entries
     # are read as they are now: the older ones leave out entries removed
@@ -272,3 +298,81 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
     compact.add("the worker deploy moved to friday", scope=SCOPE, confidence=1.0)
     fresh = make_sidecar(config % 0, name="same.db")
     assert _observed(compact) == _observed(fresh)
+
+
+def _wait_indexed(running: Running) -> None:
+    deadline = time.monotonic() + 60
+    while running.sidecar.engine.indexing():
+        assert time.monotonic() < deadline, "the compact index was never persisted"
+        time.sleep(0.02)
+
+
+def _state(running: Running) -> tuple[int, int]:
+    """(generation, indexed) of the agent's memory tier, and logged changes."""
+    generations = running.store.generations([(Tier.MEMORY, "agent")])
+    source = running.store.compact_source(Tier.MEMORY, "agent")
+    assert source.generation == generations[(Tier.MEMORY, "agent")]
+    return source.indexed, len(source.changed) + len(source.removed)
+
+
+def test_a_large_tier_is_loaded_from_its_persisted_index_and_the_writes_since(
+    make_sidecar: MakeSidecar,
+) -> None:
+    config = (
+        "defaults: {memory_char_limit: 0, max_injection_tokens: 120}\n"
+        "server: {compact_tier_entries: %d}"
+    )
+    full = make_sidecar(config % 0, name="same.db")
+    ids = [full.add(note, scope=SCOPE).memory.id for note in NOTES]
+    assert _state(full) == (0, 0)  # no index: writes log nothing
+
+    first = make_sidecar(config % 10, name="same.db")
+    expected = _observed(full)
+    assert _observed(first) == expected
+    _wait_indexed(first)
+    indexed, logged = _state(first)
+    assert indexed > 0
+    assert logged == 0
+
+    # Writes once an index exists log the entries they touch.
+    first.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(id=ids[1], scope=SCOPE, content="note 1: the cron uses nix"),
+        timeout=10,
+    )
+    first.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[2], scope=SCOPE), timeout=10)
+    first.add("the worker deploys with helm on friday", scope=SCOPE)
+    assert _state(first) == (indexed, 3)
+
+    # A daemon started now reads the index and replays the three writes.
+    second = make_sidecar(config % 10, name="same.db")
+    reference = make_sidecar(config % 0, name="same.db")
+    assert _observed(second) == _observed(reference)
+    key = (Tier.MEMORY, "agent")
+    # How it was loaded: from the index (the storage remembers which).
+    loaded = second.sidecar.engine._partitions.get(key)
+    assert isinstance(loaded, CompactPartition)
+    assert loaded.storage.indexed == indexed
+    assert loaded.ops == 3
+
+
+def test_a_bulk_write_drops_the_persisted_index(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar(
+        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}", name="bulk.db"
+    )
+    for note in NOTES:
+        running.add(note, scope=SCOPE)
+    _observed(running)
+    _wait_indexed(running)
+    assert _state(running)[0] > 0
+    now = datetime.now(UTC)
+    running.store.restore(
+        [("agent", Memory("restored-1", Tier.MEMORY, "restored cron note", "", 1.0, now, now))]
+    )
+    assert _state(running) == (0, 0)
+    fresh = make_sidecar(
+        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}", name="bulk.db"
+    )
+    hits = fresh.stub.SearchMemories(
+        pb.SearchMemoriesRequest(query="restored cron", scope=SCOPE, limit=1), timeout=10
+    ).hits
+    assert hits[0].memory.id == "restored-1"
