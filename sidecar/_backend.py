@@ -176,6 +176,14 @@ class Backend(abc.ABC):
         ).fetchone()
         return int(row[0])
 
+    def batches(
+        self, sql: str, params: Sequence[object], size: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """A query's rows, `size` at a time, without the driver holding them all."""
+        cursor = self.db.execute_sql(sql, params)
+        while rows := cursor.fetchmany(size):
+            yield rows
+
     def states(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], PartitionState]:
         """The state rows of these (owner, tier) partitions that exist."""
         p = self.db.param

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from playhouse.pool import MaxConnectionsExceeded
@@ -268,6 +268,21 @@ class PostgresBackend(Backend):
         if self._password:
             params["password"] = self._password
         return params
+
+    def batches(
+        self, sql: str, params: Sequence[object], size: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        # psycopg's client-side cursor downloads the whole result at once;
+        # stream() reads it row by row (single-row mode).
+        with self.db.connection().cursor() as cursor:
+            batch: list[tuple[Any, ...]] = []
+            for row in cursor.stream(sql, params):
+                batch.append(row)
+                if len(batch) == size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
 
     def analyze(self) -> None:
         # Until autovacuum gets round to it, a freshly loaded table has no

@@ -92,7 +92,11 @@ class Statements:
         self.delete = Template(Row.delete().where(Row.seq == -1_000_004), {"seq": -1_000_004})
 
     def by_seqs(self, owner: str, tier: str, seqs: Sequence[int]) -> tuple[str, list[object]]:
-        """One partition's rows with these seqs (a statement per list length, kept)."""
+        """One partition's rows with these seqs. Lists are padded (repeating
+        the last seq) to a power of two: few statement shapes, which the
+        driver's prepared-statement cache keeps."""
+        padded = 1 << max(len(seqs) - 1, 0).bit_length()
+        seqs = [*seqs, *[seqs[-1]] * (padded - len(seqs))]
         template = self._by_seqs.get(len(seqs))
         if template is None:
             Row = self._row  # noqa: N806 - a bound model class

@@ -56,7 +56,7 @@ def tier_block(
     lists the entries' positions by rank. `count` is the tier's number of
     entries when `memories` holds only those that may be shown.
     """
-    if not memories:
+    if not memories and not count:
         return None
     if limit_chars:
         shown = tuple(memories)
@@ -96,8 +96,8 @@ def pick(
             continue
         picked.append(memory)
         spent += cost
-        if max_tokens - spent <= separator_cost:
-            break  # every entry costs at least one token more than that
+        if separator_cost and max_tokens - spent < separator_cost:
+            break  # every further entry costs at least the separator
     return picked
 
 

@@ -62,6 +62,9 @@ WEIGHTS: FloatArray = np.array(
     [0.0, *(tf * (K1 + 1) / (tf + _NORM) for tf in range(1, MAX_COUNT + 1))], dtype=np.float64
 )
 _ALIVE = np.iinfo(np.int64).max
+# A word appended since the base segment: its dict slot, its string, two
+# small arrays and their tuple.
+_APPENDED_TERM_BYTES = 400
 # The persisted index's layout; another is not read (the tier is indexed again).
 FORMAT = 1
 
@@ -156,6 +159,8 @@ class _Storage:
         self.counts: CountArray = np.empty(0, dtype=np.uint16)
         # Appended since: term -> (positions buffer, counts buffer, filled).
         self.appended: dict[str, tuple[Int32Array, CountArray, int]] = {}
+        # What `appended` holds, kept up to date (the cache weighs every write).
+        self.appended_bytes = 0
         self.npostings = 0
 
     def _columns(self) -> tuple[npt.NDArray[Any], ...]:
@@ -199,6 +204,10 @@ class _Storage:
                 if filled == len(positions):
                     positions = np.concatenate([positions, np.empty(filled, dtype=np.int32)])
                     tally = np.concatenate([tally, np.empty(filled, dtype=np.uint16)])
+            if held is None:
+                self.appended_bytes += _APPENDED_TERM_BYTES
+            elif filled == len(held[0]):
+                self.appended_bytes += filled * 6
             positions[filled] = position
             tally[filled] = min(count, MAX_COUNT)
             # One assignment: a reader sees the old triple or the new one.
@@ -213,7 +222,7 @@ class _Storage:
             + self.counts.nbytes
             + self.offsets.nbytes
             + self.vocabulary.nbytes
-            + sum(p.nbytes + c.nbytes + 250 for p, c, _ in self.appended.values())
+            + self.appended_bytes
         )
 
 
@@ -425,7 +434,9 @@ class CompactPartition:
     ) -> CompactPartition | None:
         storage = self.storage
         with storage.lock:
-            if not self._owns_end():
+            # Not the newest; or more removed (and replaced) entries than
+            # live ones, which every search would go on paying for.
+            if not self._owns_end() or storage.removals > self.count:
                 return None
             count = self.count
             if replaces is not None:

@@ -14,7 +14,8 @@ Caches, from the bottom up:
   only while some session holds it.
 - Sessions (sidecar.sessions): which view each runtime session is using.
 
-A cached turn reads only these, so it runs no database query at all. While
+A cached turn reads only these, so it runs no database query at all (a
+compact partition, sidecar.compact, reads the entries it returns). While
 the change feed is unverified (its listener lost, its poller failing), every
 call first reads the generations of the partitions it uses from the database.
 
@@ -37,6 +38,8 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from sidecar import blocks, scanner
 from sidecar._caches import LRU, Generations
@@ -76,6 +79,8 @@ class View:
     system_block: str
     sha256: str
     shown_ids: tuple[str, ...]
+    # The same entries' seqs: ranking leaves them out before reading any.
+    shown_seqs: frozenset[int]
     system_tokens: int
     # Equal for views that answer with the same frozen block.
     content_key: tuple[object, ...]
@@ -605,6 +610,7 @@ class MemoryEngine:
             system_block=text,
             sha256=sha256,
             shown_ids=shown_ids,
+            shown_seqs=frozenset(m.seq for part in parts if part for m in part.shown),
             system_tokens=system_tokens,
             content_key=(sha256, generation, system_tokens, shown_ids),
         )
@@ -620,8 +626,11 @@ class MemoryEngine:
 
         def ranked() -> Iterator[tuple[Memory, int]]:
             if limit_chars:
+                # Insertion (seq) order, as a full partition shows them: an
+                # updated entry's position is at the end, its seq is not.
                 alive = partition.alive()
-                order = [p for p in range(partition.size) if alive is None or alive[p]]
+                live = np.arange(partition.size) if alive is None else np.flatnonzero(alive)
+                order = live[np.argsort(partition.seq[live], kind="stable")].tolist()
             start, batch = 0, 64
             while True:
                 if not limit_chars:
@@ -707,11 +716,16 @@ class MemoryEngine:
             findings = {k: v for p in enabled for k, v in p.flagged.items()}
             # Entries of a compact tier are scanned when read, not at load.
             rescan = any(isinstance(p, CompactPartition) for p in enabled)
-            # Rank only as deep as the turn can use: the cap, plus what the
-            # frozen block already shows; deeper only if the budget skipped some.
-            depth: int | None = cap + len(shown)
+            # Rank only as deep as the turn can use (the cap; what the frozen
+            # block shows is left out), deeper only if the budget passed over
+            # some, and then over at most MAX_SKIPPED more, as the frozen
+            # block does: a compact tier reads every entry ranked.
+            depth = cap
+            deepest = cap + blocks.MAX_SKIPPED
             while True:
-                ranked = rank(enabled, terms, _weights(settings), limit=depth)
+                ranked = rank(
+                    enabled, terms, _weights(settings), limit=depth, leave_out=view.shown_seqs
+                )
                 elements.clear()
                 turn_ids.clear()
                 spent = self.tokens.count(blocks.turn_context([""]))
@@ -730,9 +744,9 @@ class MemoryEngine:
                     elements.append(element)
                     turn_ids.append(memory.id)
                     spent += cost
-                if len(elements) >= cap or depth is None or len(ranked) < depth:
+                if len(elements) >= cap or len(ranked) < depth or depth >= deepest:
                     break
-                depth = None
+                depth = min(depth * 4, deepest)
         turn = blocks.turn_context(elements)
         turn_tokens = self.tokens.count(turn)
         self._system_tokens.inc(view.system_tokens)

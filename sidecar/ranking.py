@@ -23,7 +23,7 @@ import itertools
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, overload
@@ -486,8 +486,11 @@ def rank(
     category: str = "",
     limit: int | None = None,
     vectorized: bool | None = None,
+    leave_out: frozenset[int] = frozenset(),
 ) -> list[tuple[Memory, float]]:
-    """The best `limit` matching memories (all with None) and their scores.
+    """The best `limit` matching memories (all with None) and their scores,
+    leaving out the entries whose seqs are in `leave_out` (those the frozen
+    block shows: a compact tier then reads only what the turn can use).
 
     No keywords: every memory, ranked by confidence, then recency, with its
     confidence as its score.
@@ -504,7 +507,11 @@ def rank(
     if vectorized is None:
         vectorized = len(plain) < len(partitions) or sum(p.count for p in plain) > VECTORIZE_FROM
     if not vectorized:
-        return _rank_python(plain, keywords, weights, match_all, category, limit)
+        if len(plain) < len(partitions):
+            raise ValueError("compact partitions are ranked in arrays only")
+        ranked = _rank_python(plain, keywords, weights, match_all, category, None)
+        hits = [hit for hit in ranked if hit[0].seq not in leave_out]
+        return hits if limit is None else hits[:limit]
     offsets = [0]
     for p in partitions:
         offsets.append(offsets[-1] + p.size)
@@ -527,14 +534,21 @@ def rank(
         wanted = np.concatenate([p.category_mask(category) for p in partitions])
         keep = wanted if keep is None else keep & wanted
 
+    # Rank deep enough that `limit` remain once `leave_out` is left out.
+    deeper = None if limit is None else limit + len(leave_out)
+
+    def kept(ordered: Iterable[int]) -> list[int]:
+        found = [k for k in ordered if int(seq[k]) not in leave_out] if leave_out else ordered
+        return [int(k) for k in found][:limit]
+
     if not keywords:
         recency = _joined([p.recency for p in partitions])
-        if limit is None:
+        if deeper is None:
             order = np.lexsort((seq, -recency, -confidence))
             chosen = order if keep is None else order[keep[order]]
-            positions = [int(k) for k in chosen]
+            positions = kept(chosen.tolist())
         else:
-            positions = top_by_confidence(confidence, recency, seq, keep, limit)
+            positions = kept(top_by_confidence(confidence, recency, seq, keep, deeper))
         return _fetched(partitions, offsets, positions, [float(confidence[k]) for k in positions])
 
     unique = list(dict.fromkeys(keywords))
@@ -559,21 +573,18 @@ def rank(
         weights.similarity * (bm25[candidates] / best)
         + weights.confidence * (confidence[candidates])
     )
-    if limit is not None and len(candidates) > limit:
-        # Everything scoring at least the limit-th best, ties included, then
+    if deeper is not None and len(candidates) > deeper:
+        # Everything scoring at least the deeper-th best, ties included, then
         # the exact order (score, then insertion) on that small set.
-        threshold = np.partition(blended, len(blended) - limit)[len(blended) - limit]
+        threshold = np.partition(blended, len(blended) - deeper)[len(blended) - deeper]
         near = blended >= threshold
         candidates, blended = candidates[near], blended[near]
     order = np.lexsort((seq[candidates], -blended))
-    if limit is not None:
-        order = order[:limit]
-    return _fetched(
-        partitions,
-        offsets,
-        [int(candidates[k]) for k in order],
-        [float(blended[k]) for k in order],
-    )
+    if deeper is not None:
+        order = order[:deeper]
+    score = dict(zip(candidates[order].tolist(), blended[order].tolist(), strict=True))
+    positions = kept(candidates[order].tolist())
+    return _fetched(partitions, offsets, positions, [score[k] for k in positions])
 
 
 def _joined(arrays: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any]:

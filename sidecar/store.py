@@ -623,9 +623,8 @@ class Store:
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
             params = self._sql.partition.params(owner=owner, tier=tier.value)
-            cursor = self._db.execute_sql(self._sql.partition.sql, params)
             chars = count = 0
-            while rows := cursor.fetchmany(batch):
+            for rows in self._backend.batches(self._sql.partition.sql, params, batch):
                 records = [Record(*row) for row in rows]
                 chars += sum(r.content_chars for r in records)
                 count += len(records)
