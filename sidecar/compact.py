@@ -154,6 +154,8 @@ class _Storage:
         # generation; 0: none), and how many writes it had applied then.
         self.indexed = 0
         self.indexed_ops = 0
+        # When a first index could not be saved (see MemoryEngine._index).
+        self.refused_at = float("-inf")
         self.offsets: Int64Array = np.zeros(1, dtype=np.int64)
         self.positions: Int32Array = np.empty(0, dtype=np.int32)
         self.counts: CountArray = np.empty(0, dtype=np.uint16)

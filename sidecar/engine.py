@@ -64,6 +64,7 @@ _STRIPES = 64
 # A compact partition's index is persisted again once it lacks this many
 # writes, or 1% of its entries if more: each load replays what it lacks.
 INDEX_EVERY = 1000
+INDEX_RETRY_SECONDS = 60.0
 # Parts of at most this many bytes (a row each: PostgreSQL's bytea and
 # SQLite's blobs stay far from their 1 GB limits, and from a big allocation).
 _INDEX_PART = 16 * 1024 * 1024
@@ -515,8 +516,11 @@ class MemoryEngine:
         replays those)."""
         if not isinstance(partition, CompactPartition):
             return
+        storage = partition.storage
         due = max(INDEX_EVERY, partition.count // 100)
-        if partition.storage.indexed and partition.unindexed < due:
+        if storage.indexed and partition.unindexed < due:
+            return
+        if not storage.indexed and self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
             return
         with self._indexing_lock:
             if key in self._indexing:
@@ -532,6 +536,11 @@ class MemoryEngine:
             parts = [data[at : at + _INDEX_PART] for at in range(0, len(data), _INDEX_PART)]
             if self._store.save_index(key[0], key[1], partition.generation, parts):
                 partition.saved()
+            else:
+                # A first index must be as of the tier's current generation
+                # (writes before it logged nothing): a tier written while it
+                # was being built is tried again later, not at every write.
+                partition.storage.refused_at = self._now()
         except Exception:  # the next write or load tries again
             log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
         finally:

@@ -553,16 +553,20 @@ def rank(
 
     unique = list(dict.fromkeys(keywords))
     bm25 = np.zeros(total, dtype=np.float64)
-    matched = np.zeros(total, dtype=np.int32)
+    # Counted only for match_all: any match leaves a positive score (every
+    # idf and every weight is), so bm25 > 0 says which entries matched.
+    matched = np.zeros(total, dtype=np.int32) if match_all else None
     for term in unique:
         found = [(pi, got) for pi, p in enumerate(partitions) if (got := p.term(term)) is not None]
         df = sum(len(indices) for _, (indices, _) in found)
         idf = math.log(1 + (live - df + 0.5) / (df + 0.5))
         for pi, (indices, values) in found:
+            at = indices + offsets[pi] if offsets[pi] else indices
             # A term lists an entry at most once: plain fancy indexing adds safely.
-            bm25[offsets[pi] + indices] += idf * values
-            matched[offsets[pi] + indices] += 1
-    hit = matched >= (len(unique) if match_all else 1)
+            bm25[at] += idf * values
+            if matched is not None:
+                matched[at] += 1
+    hit = bm25 > 0 if matched is None else matched >= len(unique)
     if keep is not None:
         hit &= keep
     candidates = np.nonzero(hit)[0]

@@ -405,3 +405,27 @@ def test_a_bulk_write_drops_the_persisted_index(make_sidecar: MakeSidecar) -> No
         pb.SearchMemoriesRequest(query="restored cron", scope=SCOPE, limit=1), timeout=10
     ).hits
     assert hits[0].memory.id == "restored-1"
+
+
+def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar("defaults: {memory_char_limit: 0}", name="save.db")
+    key = (Tier.MEMORY, "agent")
+    running.add("uv is the package manager", scope=SCOPE)
+    before = running.store.generations([key])[key]
+    running.add("the worker deploys with helm", scope=SCOPE)
+    now = running.store.generations([key])[key]
+    # The write after `before` logged nothing (no index yet): an index as of
+    # `before` could never be completed, so it is refused.
+    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"x"])
+    assert running.store.save_index(Tier.MEMORY, "agent", now, [b"not an index"])
+    assert not running.store.save_index(Tier.MEMORY, "agent", now, [b"not newer"])
+    running.add("the cron runs nightly", scope=SCOPE)
+    assert _state(running) == (now, 1)
+    # An unreadable index is set aside: the tier is indexed from its rows.
+    compact = make_sidecar(
+        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 1}", name="save.db"
+    )
+    hits = compact.stub.SearchMemories(
+        pb.SearchMemoriesRequest(query="cron nightly", scope=SCOPE, limit=1), timeout=10
+    ).hits
+    assert hits[0].memory.content == "the cron runs nightly"
