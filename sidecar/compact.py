@@ -367,11 +367,15 @@ class CompactPartition:
         """Its index, to persist: the entries it holds in seq order, their
         words in a fresh base segment (what was appended folded in)."""
         storage, size = self.storage, self.size
+        if not storage.removals and not storage.appended and size == storage.size:
+            # Nothing written since it was built (the first index after a
+            # load, in seq order): the base segment is the index as it is.
+            return self._saved_as(np.arange(size), storage)
         alive = self.alive()
         kept = np.arange(size) if alive is None else np.flatnonzero(alive)
         kept = kept[np.argsort(storage.seq[kept], kind="stable")]
-        moved = np.full(size, -1, dtype=np.int64)
-        moved[kept] = np.arange(len(kept))
+        moved = np.full(size, -1, dtype=np.int32)
+        moved[kept] = np.arange(len(kept), dtype=np.int32)
         words = storage.vocabulary.words()
         known: dict[str, int] = {}
         base_ids = np.repeat(
@@ -389,16 +393,23 @@ class CompactPartition:
             id_parts.append(np.full(visible, term_id, dtype=np.int32))
             position_parts.append(held[:visible])
             count_parts.append(tally[:visible])
-        ids = np.concatenate(id_parts)
         remapped = moved[np.concatenate(position_parts)]
-        counts = np.concatenate(count_parts)
         keep = remapped >= 0
-        ids, counts = ids[keep], counts[keep]
-        positions = remapped[keep].astype(np.int32)
+        ids = np.concatenate(id_parts)[keep]
+        counts = np.concatenate(count_parts)[keep]
+        positions = remapped[keep]
+        del remapped, keep, id_parts, position_parts, count_parts
         # Positions ascending, so that each word's stay ascending in _segment.
         order = np.argsort(positions, kind="stable")
         out = _Storage()
         _segment(out, words, ids[order], positions[order], counts[order])
+        del words, ids, counts, positions, order
+        return self._saved_as(kept, out)
+
+    def _saved_as(self, kept: npt.NDArray[np.integer[Any]], segment: _Storage) -> bytes:
+        """The entries at positions `kept` (in seq order) with `segment`'s
+        words, serialised."""
+        storage = self.storage
         names = sorted(storage.categories, key=storage.categories.__getitem__)
         buffer = io.BytesIO()
         np.savez(
@@ -409,12 +420,12 @@ class CompactPartition:
             recency=storage.recency[kept],
             category=storage.category[kept],
             categories=np.frombuffer(json.dumps(names).encode(), dtype=np.uint8),
-            hashes=out.vocabulary.hashes,
-            bounds=out.vocabulary.bounds,
-            text=np.frombuffer(out.vocabulary.text, dtype=np.uint8),
-            offsets=out.offsets,
-            positions=out.positions,
-            counts=out.counts,
+            hashes=segment.vocabulary.hashes,
+            bounds=segment.vocabulary.bounds,
+            text=np.frombuffer(segment.vocabulary.text, dtype=np.uint8),
+            offsets=segment.offsets,
+            positions=segment.positions,
+            counts=segment.counts,
         )
         return buffer.getvalue()
 
@@ -453,7 +464,7 @@ class CompactPartition:
             size = self.size
             if memory is not None:
                 storage.grow(size + 1)
-                record = _record(memory)
+                record = record_of(memory)
                 storage.put(size, record)
                 storage.append_postings(size, term_counts(record.content, record.created_at))
                 size += 1
@@ -566,12 +577,13 @@ def _segment(
     storage.npostings = len(new_ids)
 
 
-def _record(memory: Memory) -> Record:
+def record_of(memory: Memory, owner: str = "") -> Record:
+    """The row a memory was read from, as far as indexing it goes."""
     return Record(
         memory.seq,
         memory.id,
         memory.tier.value,
-        "",
+        owner,
         memory.content,
         len(memory.content),
         memory.category,

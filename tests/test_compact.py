@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._statements import Record
-from sidecar.clock import to_micros
-from sidecar.compact import CompactPartition
+from sidecar.compact import CompactPartition, record_of
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import Partition, Weights, rank
 from sidecar.store import IndexSource
@@ -86,18 +85,7 @@ class Twin:
 
 
 def _record(memory: Memory) -> Record:
-    return Record(
-        memory.seq,
-        memory.id,
-        memory.tier.value,
-        "a",
-        memory.content,
-        len(memory.content),
-        memory.category,
-        memory.confidence,
-        to_micros(memory.created_at),
-        to_micros(memory.updated_at),
-    )
+    return record_of(memory, "a")
 
 
 seqs = itertools.count(1)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import ROOT, MakeSidecar, require_tool
+from tests.test_node_client import BUDGET_ERROR_INFO
 
 EXAMPLE = ROOT / "examples" / "go"
 # Where Debian's golang-*-dev packages install Go library sources.
@@ -95,16 +96,7 @@ def test_go_client_adds_turns_reads_error_details_and_ends(
     assert first["turn_context"] == second["turn_context"] == seen.turn_context
     budget = steps[4]
     assert (budget["refused"], budget["code"]) == (True, "FailedPrecondition")
-    assert budget["info"] == {
-        "reason": "TIER_BUDGET_EXCEEDED",
-        "domain": "memory.v1",
-        "metadata": {
-            "tier": "memory",
-            "used_chars": "40",
-            "limit_chars": "2200",
-            "requested_chars": "2303",
-        },
-    }
+    assert budget["info"] == BUDGET_ERROR_INFO
     assert steps[5] == {"step": "end", "dropped": True}
     listed = running.list(scope=scope)
     assert [m.content for m in listed.memories] == [

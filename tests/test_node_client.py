@@ -11,6 +11,18 @@ from tests.conftest import ROOT, MakeSidecar, require_tool
 
 EXAMPLE = ROOT / "examples" / "node"
 
+# The ErrorInfo every client example prints for its over-budget write.
+BUDGET_ERROR_INFO = {
+    "reason": "TIER_BUDGET_EXCEEDED",
+    "domain": "memory.v1",
+    "metadata": {
+        "tier": "memory",
+        "used_chars": "40",
+        "limit_chars": "2200",
+        "requested_chars": "2303",
+    },
+}
+
 
 def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeSidecar) -> None:
     node = require_tool(shutil.which("node"), "Node.js")
@@ -42,16 +54,7 @@ def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeS
     budget = steps[4]
     assert budget["refused"] is True
     assert budget["code"] == "FAILED_PRECONDITION"
-    assert budget["info"] == {
-        "reason": "TIER_BUDGET_EXCEEDED",
-        "domain": "memory.v1",
-        "metadata": {
-            "tier": "memory",
-            "used_chars": "40",
-            "limit_chars": "2200",
-            "requested_chars": "2303",
-        },
-    }
+    assert budget["info"] == BUDGET_ERROR_INFO
     assert steps[5] == {"step": "end", "dropped": True}
     # The daemon saw exactly what the client wrote.
     listed = running.list(scope=pb.Scope(agent_id="node-agent", user_id="node-user"))
