@@ -83,8 +83,11 @@ class View:
     # The same entries' seqs: ranking leaves them out before reading any.
     shown_seqs: frozenset[int]
     system_tokens: int
-    # Equal for views that answer with the same frozen block.
-    content_key: tuple[object, ...]
+
+    @property
+    def content_key(self) -> tuple[object, ...]:
+        """Equal for views that answer with the same frozen block."""
+        return (self.sha256, self.generation, self.system_tokens, self.shown_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,18 @@ def _injectable(settings: AgentSettings, memory: Memory, finding: str | None) ->
         return memory if content == memory.content else dataclasses.replace(memory, content=content)
     placeholder = scanner.PLACEHOLDER.format(pattern=finding)
     return dataclasses.replace(memory, content=placeholder, category="")
+
+
+# Shared by the views of every scope with nothing shown (agents without
+# memories): one empty set, one digest of the empty block.
+_NO_SEQS: frozenset[int] = frozenset()
+
+
+_EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest() if text else _EMPTY_DIGEST
 
 
 def _session_limits(settings: AgentSettings) -> Limits:
@@ -609,8 +624,9 @@ class MemoryEngine:
                 )
         text = blocks.system_block(parts)
         generation = max(p.generation for p in partitions)
-        sha256 = hashlib.sha256(text.encode()).hexdigest()
+        sha256 = _digest(text)
         shown_ids = tuple(m.id for part in parts if part for m in part.shown)
+        shown_seqs = frozenset(m.seq for part in parts if part for m in part.shown)
         system_tokens = self.tokens.count(text)
         return View(
             scope=scope,
@@ -619,9 +635,8 @@ class MemoryEngine:
             system_block=text,
             sha256=sha256,
             shown_ids=shown_ids,
-            shown_seqs=frozenset(m.seq for part in parts if part for m in part.shown),
+            shown_seqs=shown_seqs or _NO_SEQS,
             system_tokens=system_tokens,
-            content_key=(sha256, generation, system_tokens, shown_ids),
         )
 
     def _compact_block(
