@@ -235,8 +235,16 @@ def parse_tokens(text: str, directory: Path) -> list[Entry]:
     return [_entry(f"tokens[{i}]", raw, directory) for i, raw in enumerate(entries)]
 
 
-def _digests(entries: Sequence[Entry]) -> tuple[tuple[bytes, Grant], ...]:
-    """Each entry's token digest (reading token files) and grant."""
+def _digests(
+    entries: Sequence[Entry], skipped: Callable[[str], None] | None = None
+) -> tuple[tuple[bytes, Grant], ...]:
+    """Each entry's token digest (reading token files) and grant.
+
+    A token file that cannot be read or is empty is a ConfigError, or, given
+    `skipped` (once serving), leaves its entry out and is reported there:
+    removing a token's file revokes it, and the other entries still follow
+    their files (a rotation is not held up by another entry's problem).
+    """
     out: list[tuple[bytes, Grant]] = []
     seen: dict[bytes, str] = {}
     for entry in entries:
@@ -245,12 +253,14 @@ def _digests(entries: Sequence[Entry]) -> tuple[tuple[bytes, Grant], ...]:
             where = f"{entry.where}.token_file"
             try:
                 token = entry.token_file.read_bytes().strip()
-            except OSError as exc:
-                raise ConfigError(
-                    where, f"cannot read {entry.token_file}: {exc.strerror or exc}"
-                ) from None
-            if not token:
-                raise ConfigError(where, f"{entry.token_file} is empty")
+                problem = "" if token else f"{entry.token_file} is empty"
+            except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+                problem = f"cannot read {entry.token_file}: {getattr(exc, 'strerror', 0) or exc}"
+            if problem:
+                if skipped is None:
+                    raise ConfigError(where, problem)
+                skipped(f"{where}: {problem}; its token is refused")
+                continue
             digest = hashlib.sha256(token).digest()
         if digest in seen:
             # Two grants for one token: refuse rather than guess which applies.
@@ -283,7 +293,15 @@ class TokensFile(Reloading[Digests]):
         # The text last parsed and its entries, swapped as one: two reads
         # may overlap when one takes longer than a second.
         self._parsed: tuple[str, list[Entry]] | None = None
+        self._serving = False
+        self._skips: set[str] = set()
         super().__init__("server.auth_tokens_file", clock)
+        self._serving = True
+
+    def _skipped(self, problem: str) -> None:
+        if problem not in self._skips:  # said once, not every second
+            self._skips.add(problem)
+            log.warning("auth tokens file: %s", problem)
 
     def _read(self) -> tuple[Digests | None, str]:
         try:
@@ -299,7 +317,7 @@ class TokensFile(Reloading[Digests]):
             if parsed is None or parsed[0] != text:
                 parsed = (text, parse_tokens(text, self._path.parent))
                 self._parsed = parsed
-            return _digests(parsed[1]), ""
+            return _digests(parsed[1], self._skipped if self._serving else None), ""
         except ConfigError as exc:
             return None, f"{self._path}: {exc.key}: {exc.problem}"
 

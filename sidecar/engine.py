@@ -703,7 +703,7 @@ class MemoryEngine:
         settings = self.settings(scope)
         if self.feed is not None and not self.feed.verified:
             self._verify([(tier, scope.owner(tier)) for tier in Tier])
-        session = self._sessions.get(session_id, scope.agent_id, self._now())
+        session = self._sessions.get((scope.user_id, session_id), scope.agent_id, self._now())
         view = session.view
         frozen = settings.snapshot_refresh == "on_compaction"
         # Which of the view's partitions are still current, looked up once.
@@ -830,13 +830,13 @@ class MemoryEngine:
         return keywords([*texts, *given])
 
     def notify_compaction(self, scope: Scope, session_id: str) -> bool:
-        invalidated = self._sessions.invalidate(session_id, scope.agent_id)
+        invalidated = self._sessions.invalidate((scope.user_id, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
         return invalidated
 
     def end_session(self, scope: Scope, session_id: str) -> bool:
-        dropped = self._sessions.drop(session_id, scope.agent_id)
+        dropped = self._sessions.drop((scope.user_id, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
         return dropped

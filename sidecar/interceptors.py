@@ -228,7 +228,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         grant = None
         if self._tokens is not None:
             grant = self._tokens.grant(presented)
-        if self._token is not None and hmac.compare_digest(presented, self._token.token()):
+        single = self._token is not None and hmac.compare_digest(presented, self._token.token())
+        # A token in both files keeps the tokens file's limits.
+        if single and grant is None:
             grant = ANY
         return grant
 

@@ -143,6 +143,9 @@ class Sidecar:
         self.health = health.HealthServicer()
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
+        # Read before anything is installed on the store: an invalid token
+        # file must not leave statement wrappers behind.
+        auth = list(_auth(config.server))
         # Spans for the RPCs and their statements, on `tracer_provider` or
         # one exporting over OTLP. With tracing off OpenTelemetry is never
         # imported, and no interceptor or statement wrapper is installed.
@@ -159,7 +162,7 @@ class Sidecar:
             interceptors=[
                 *([self._tracing.interceptor()] if self._tracing else []),
                 MetricsInterceptor(self.metrics),
-                *_auth(config.server),
+                *auth,
                 ErrorInterceptor(),
             ],
             options=[

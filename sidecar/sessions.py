@@ -13,7 +13,7 @@ snapshot happens outside it. Nothing is kept for an agent without sessions.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,6 +34,11 @@ class Session(Generic[V]):
 class Limits:
     idle_ttl_seconds: float
     max_sessions: int
+
+
+# A session's id within its agent: any hashable (the engine uses the
+# runtime's session id with the scope's user_id).
+SessionId = Hashable
 
 
 class SessionTable(Generic[V]):
@@ -61,7 +66,7 @@ class SessionTable(Generic[V]):
         self._on_evict = on_evict
         self._lock = threading.Lock()
         # Agents in least-recently-used order, each with its sessions in theirs.
-        self._agents: dict[str, dict[str, Session[V]]] = {}
+        self._agents: dict[str, dict[SessionId, Session[V]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -71,7 +76,7 @@ class SessionTable(Generic[V]):
     def agents(self) -> int:
         return len(self._agents)
 
-    def get(self, session_id: str, agent_id: str, now: float) -> Session[V]:
+    def get(self, session_id: SessionId, agent_id: str, now: float) -> Session[V]:
         """The agent's session, marked as used now; a new one if unknown."""
         with self._lock:
             sessions = self._agents.pop(agent_id, None)
@@ -99,7 +104,7 @@ class SessionTable(Generic[V]):
             self._on_evict(evicted)
         return session
 
-    def invalidate(self, session_id: str, agent_id: str) -> bool:
+    def invalidate(self, session_id: SessionId, agent_id: str) -> bool:
         """Forget a session's snapshot (it is rebuilt on its next turn)."""
         with self._lock:
             sessions = self._agents.get(agent_id)
@@ -122,7 +127,7 @@ class SessionTable(Generic[V]):
             session.compacted = False
             return True
 
-    def drop(self, session_id: str, agent_id: str) -> bool:
+    def drop(self, session_id: SessionId, agent_id: str) -> bool:
         """End an agent's session; the same id later starts afresh."""
         with self._lock:
             sessions = self._agents.get(agent_id)
@@ -153,7 +158,7 @@ class SessionTable(Generic[V]):
 
     # --- under the lock -----------------------------------------------------
 
-    def _evict_agent(self, agent_id: str, now: float, keep: str | None = None) -> int:
+    def _evict_agent(self, agent_id: str, now: float, keep: SessionId | None = None) -> int:
         sessions = self._agents.get(agent_id)
         if not sessions:
             return 0
@@ -174,7 +179,7 @@ class SessionTable(Generic[V]):
             del self._agents[agent_id]
         return evicted
 
-    def _evict_least_recent(self, keep: tuple[str, str]) -> bool:
+    def _evict_least_recent(self, keep: tuple[str, SessionId]) -> bool:
         """Evict one session of the least recently used agent (never `keep`)."""
         for agent_id, sessions in self._agents.items():
             for session_id in sessions:

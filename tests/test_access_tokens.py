@@ -379,3 +379,57 @@ def test_the_readme_example_is_a_valid_tokens_file() -> None:
         Grant(agents=frozenset({"agent-a"})),
         Grant(frozenset({"reviewer"}), frozenset({"ada", ""})),
     ]
+
+
+def test_removing_one_tokens_file_revokes_it_and_the_others_still_rotate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tokens.yaml"
+    (tmp_path / "a").write_text("token-a")
+    (tmp_path / "b").write_text("token-b")
+    write_tokens(
+        path,
+        [
+            {"token_file": "a", "agents": ["agent-a"], "users": ["*"]},
+            {"token_file": "b", "agents": ["agent-b"], "users": ["*"]},
+        ],
+    )
+    now = [0.0]
+    tokens = TokensFile(str(path), clock=lambda: now[0])
+    assert tokens.grant(b"token-b") is not None
+    (tmp_path / "b").unlink()  # revoked
+    (tmp_path / "a").write_text("token-a2")  # rotated
+    now[0] = 1.0
+    assert tokens.grant(b"token-b") is None
+    assert tokens.grant(b"token-a2") == Grant(agents=frozenset({"agent-a"}))
+    assert tokens.grant(b"token-a") is None
+    assert "tokens[1].token_file" in caplog.text
+
+
+def test_a_token_in_both_files_keeps_the_tokens_files_limits(
+    make_sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    single = tmp_path / "token"
+    single.write_text(AGENT_A)
+    path = tmp_path / "both.yaml"
+    write_tokens(path, [{"sha256": sha256(AGENT_A), "agents": ["agent-a"], "users": ["*"]}])
+    running = make_sidecar(auth_token_file=str(single), auth_tokens_file=str(path))
+    other = pb.Scope(agent_id="agent-b")
+    request = pb.AddMemoryRequest(scope=other, content="not yours")
+    assert _code(call, running, "AddMemory", request, AGENT_A) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_sessions_are_per_user_too(sidecar: Running) -> None:
+    ada = pb.Scope(agent_id="coder", user_id="ada")
+    bob = pb.Scope(agent_id="coder", user_id="bob")
+    sidecar.turn("s", "hello", scope=ada)
+    assert sidecar.turn("s", "hello", scope=ada).cache_hit
+    # bob's token may address (coder, bob): the same session id names bob's
+    # session, never ada's.
+    invalidated = sidecar.stub.NotifyCompaction(
+        pb.NotifyCompactionRequest(session_id="s", scope=bob), timeout=10
+    )
+    assert not invalidated.invalidated
+    ended = sidecar.stub.EndSession(pb.EndSessionRequest(session_id="s", scope=bob), timeout=10)
+    assert not ended.dropped
+    assert sidecar.turn("s", "hello", scope=ada).cache_hit
