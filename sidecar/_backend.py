@@ -52,8 +52,12 @@ _TRANSACTION_CONTROL = ("begin", "commit", "rollback")
 
 class PartitionState(NamedTuple):
     """A partition's state row: what its entries occupy, its generation, and
-    the generation its persisted compact index is as of (0: none; then every
-    write logs the seqs it changed, see Backend.log_changes)."""
+    `indexed`: the generation its persisted compact index is as of (> 0),
+    or -(g + 1) while changes are logged from generation g on without an
+    index yet, or 0 (neither). While it is not 0, a trigger on `memories`
+    logs every change of the partition's entries (tier_changes: the seq and
+    the partition's generation before the write), whichever process or
+    statement makes it (schema 5)."""
 
     content_chars: int
     entry_count: int
@@ -200,17 +204,14 @@ class Backend(abc.ABC):
 
     # --- the persisted compact index (sidecar.compact) ----------------------
 
-    def log_changes(self, owner: str, tier: str, generation: int, seqs: Iterable[int]) -> None:
-        """Note, in the write's transaction, which entries it added, changed
-        or removed: a partition with a persisted index is loaded from the
-        index plus these."""
+    def start_logging(self, owner: str, tier: str, generation: int) -> None:
+        """Log the partition's changes from `generation` on (no index yet).
+        Inside write_transaction, after lock_partition."""
         p = self.db.param
-        sql = (
-            f"INSERT INTO {CHANGES_TABLE} (owner, tier, generation, seq)"
-            f" VALUES ({p}, {p}, {p}, {p})"
+        self.db.execute_sql(
+            f"UPDATE {STATE_TABLE} SET indexed = {p} WHERE owner = {p} AND tier = {p}",
+            (-(generation + 1), owner, tier),
         )
-        for seq in seqs:
-            self.db.execute_sql(sql, (owner, tier, generation, seq))
 
     def drop_index(self, owner: str, tier: str) -> None:
         """Forget the partition's persisted index (a bulk write: import,
@@ -231,15 +232,17 @@ class Backend(abc.ABC):
         )
         return b"".join(bytes(row[0]) for row in cursor.fetchall())
 
-    def changes_since(self, owner: str, tier: str, generation: int) -> list[int]:
-        """The seqs written since that generation, each once."""
+    def changes_since(self, owner: str, tier: str, generation: int) -> tuple[list[int], int]:
+        """The seqs the writes after that generation changed, each once, and
+        how many changes were logged (a seq changed twice counts twice)."""
         p = self.db.param
         cursor = self.db.execute_sql(
-            f"SELECT DISTINCT seq FROM {CHANGES_TABLE}"
-            f" WHERE owner = {p} AND tier = {p} AND generation > {p}",
+            f"SELECT seq, COUNT(*) FROM {CHANGES_TABLE}"
+            f" WHERE owner = {p} AND tier = {p} AND generation >= {p} GROUP BY seq",
             (owner, tier, generation),
         )
-        return sorted(int(row[0]) for row in cursor.fetchall())
+        rows = cursor.fetchall()
+        return sorted(int(row[0]) for row in rows), sum(int(row[1]) for row in rows)
 
     def save_index(self, owner: str, tier: str, generation: int, parts: Sequence[bytes]) -> None:
         """Replace the partition's persisted index with one as of `generation`.
@@ -251,8 +254,10 @@ class Backend(abc.ABC):
         insert = f"INSERT INTO {INDEX_TABLE} (owner, tier, part, data) VALUES ({p}, {p}, {p}, {p})"
         for number, part in enumerate(parts):
             self.db.execute_sql(insert, (owner, tier, number, part))
+        # Logged with the generation before the write: the index holds the
+        # writes that started below `generation`.
         self.db.execute_sql(
-            f"DELETE FROM {CHANGES_TABLE} WHERE owner = {p} AND tier = {p} AND generation <= {p}",
+            f"DELETE FROM {CHANGES_TABLE} WHERE owner = {p} AND tier = {p} AND generation < {p}",
             (owner, tier, generation),
         )
         self.db.execute_sql(

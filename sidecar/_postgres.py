@@ -155,6 +155,23 @@ def _v5_compact_index(db: Any) -> None:
         " seq BIGINT NOT NULL)"
     )
     db.execute_sql(f"CREATE INDEX idx_{CHANGES_TABLE} ON {CHANGES_TABLE} (owner, tier, generation)")
+    # Every change of an entry of a logged partition, whoever makes it (an
+    # older release still serving, a statement typed by hand), is logged.
+    db.execute_sql(
+        "CREATE FUNCTION memories_log_change() RETURNS trigger AS $$"
+        " DECLARE entry RECORD;"
+        " BEGIN"
+        "  IF TG_OP = 'DELETE' THEN entry := OLD; ELSE entry := NEW; END IF;"
+        f"  INSERT INTO {CHANGES_TABLE} (owner, tier, generation, seq)"
+        f"   SELECT entry.owner, entry.tier, s.generation, entry.seq FROM {STATE_TABLE} s"
+        "   WHERE s.owner = entry.owner AND s.tier = entry.tier AND s.indexed <> 0;"
+        "  RETURN NULL;"
+        " END $$ LANGUAGE plpgsql"
+    )
+    db.execute_sql(
+        "CREATE TRIGGER memories_log_change AFTER INSERT OR UPDATE OR DELETE ON memories"
+        " FOR EACH ROW EXECUTE FUNCTION memories_log_change()"
+    )
 
 
 # (version, what it does, how). Append only, numbered like SQLite's: the

@@ -231,6 +231,16 @@ def _v5_compact_index(db: PooledSqliteDatabase) -> None:
         " seq INTEGER NOT NULL)"
     )
     db.execute_sql(f"CREATE INDEX idx_{CHANGES_TABLE} ON {CHANGES_TABLE} (owner, tier, generation)")
+    # Every change of an entry of a logged partition, whoever makes it (an
+    # older release still serving, a statement typed by hand), is logged.
+    for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+        db.execute_sql(
+            f"CREATE TRIGGER memories_log_{event.lower()} AFTER {event} ON memories BEGIN"
+            f" INSERT INTO {CHANGES_TABLE} (owner, tier, generation, seq)"
+            f" SELECT {row}.owner, {row}.tier, generation, {row}.seq FROM {STATE_TABLE}"
+            f" WHERE owner = {row}.owner AND tier = {row}.tier AND indexed <> 0;"
+            " END"
+        )
 
 
 def content_digest(content: str) -> str:

@@ -26,6 +26,7 @@ load, plus per-term arrays for what was appended since.
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import io
 import json
@@ -306,8 +307,7 @@ class CompactPartition:
         """A partition from its persisted index, and the writes made since."""
         storage = _Storage()
         with np.load(io.BytesIO(source.data), allow_pickle=False) as saved:
-            if int(saved["version"][0]) != FORMAT:
-                raise ValueError(f"compact index format {int(saved['version'][0])}")
+            _check(saved)
             seq = saved["seq"]
             size = len(seq)
             storage.grow(size + 1)
@@ -343,7 +343,7 @@ class CompactPartition:
             storage.size += 1
             count += 1
         storage.generation = source.generation
-        ops = len(source.changed) + len(source.removed)
+        ops = source.logged
         return cls(
             tier, owner, source.generation, source.usage, storage.size, count, storage,
             fetch_rows, ops=ops,
@@ -415,6 +415,7 @@ class CompactPartition:
         np.savez(
             buffer,
             version=np.array([FORMAT]),
+            tokenizer=np.frombuffer(tokenizer().encode(), dtype=np.uint8),
             seq=storage.seq[kept],
             confidence=storage.confidence[kept],
             recency=storage.recency[kept],
@@ -550,6 +551,68 @@ class CompactPartition:
         """The first `limit` positions it holds by confidence, then recency,
         then insertion (Partition.by_confidence's order)."""
         return top_by_confidence(self.confidence, self.recency, self.seq, self.alive(), limit)
+
+
+# Text whose terms change whenever tokenising does (stemmer, stopwords,
+# Unicode tables, dates): an index made by another tokeniser is not used.
+_PROBE = (
+    "Deployments deployed: the user's résumé, naïve ÉCOLE straße, 東京 notes; "
+    "uses uv and kubectl in July 2023, 7 May 2023, on-call 42 times"
+)
+
+
+@functools.cache
+def tokenizer() -> str:
+    """A fingerprint of how entries are tokenised into index terms."""
+    return hashlib.sha256("\n".join(terms(_PROBE)).encode()).hexdigest()
+
+
+_LAYOUT = {
+    "version": np.int64,
+    "tokenizer": np.uint8,
+    "seq": np.int64,
+    "confidence": np.float64,
+    "recency": np.float64,
+    "category": np.int32,
+    "categories": np.uint8,
+    "hashes": np.int64,
+    "bounds": np.int64,
+    "text": np.uint8,
+    "offsets": np.int64,
+    "positions": np.int32,
+    "counts": np.uint16,
+}
+
+
+def _check(saved: Any) -> None:
+    """Raise ValueError unless a persisted index is one this code wrote, for
+    this tokeniser, and consistent: it comes from the database, so it is
+    checked like input (a bad one is set aside and the rows indexed)."""
+    if set(saved.files) != set(_LAYOUT):
+        raise ValueError(f"unexpected members {sorted(saved.files)}")
+    a = {name: saved[name] for name in _LAYOUT}
+    for name, dtype in _LAYOUT.items():
+        if a[name].dtype != dtype or a[name].ndim != 1:
+            raise ValueError(f"{name} is {a[name].dtype}[{a[name].ndim}]")
+    if a["version"].tolist() != [FORMAT]:
+        raise ValueError(f"format {a['version'].tolist()}, not {FORMAT}")
+    if a["tokenizer"].tobytes().decode(errors="replace") != tokenizer():
+        raise ValueError("made by a different tokeniser")
+    size, words, pairs = len(a["seq"]), len(a["hashes"]), len(a["positions"])
+    names = len(json.loads(a["categories"].tobytes().decode()))
+    offsets, bounds = a["offsets"], a["bounds"]
+    problems = [
+        any(len(a[n]) != size for n in ("confidence", "recency", "category")),
+        len(offsets) != words + 1 or len(bounds) != words + 1 or len(a["counts"]) != pairs,
+        bool(np.any(np.diff(a["seq"]) <= 0)) or bool(np.any(np.diff(a["hashes"]) < 0)),
+        offsets[0] != 0 or offsets[-1] != pairs or bool(np.any(np.diff(offsets) < 0)),
+        bounds[0] != 0 or bounds[-1] != len(a["text"]) or bool(np.any(np.diff(bounds) < 0)),
+        bool(pairs) and (int(a["positions"].min()) < 0 or int(a["positions"].max()) >= size),
+        bool(pairs) and int(a["counts"].min()) < 1,
+        bool(size) and (int(a["category"].min()) < 0 or int(a["category"].max()) >= names),
+    ]
+    if any(problems):
+        raise ValueError(f"inconsistent (check {problems.index(True)})")
 
 
 def _segment(

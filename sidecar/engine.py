@@ -34,7 +34,6 @@ import logging
 import threading
 import time
 import weakref
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -487,10 +486,15 @@ class MemoryEngine:
     def _load(self, key: PartitionKey) -> AnyPartition:
         tier, owner = key
         threshold = self._config.server.compact_tier_entries
-        if threshold and self._store.entry_count(tier, owner) >= threshold:
+        count, logged = self._store.tier_state(tier, owner)
+        if threshold and count >= threshold:
             compact = self._compact(tier, owner)
             self._maybe_index(key, compact)
             return compact
+        if logged and threshold:
+            # Held in full now (it shrank, or the threshold rose): nothing
+            # would read or trim its log any more.
+            self._store.stop_logging(tier, owner)
         loaded = self._store.tier_entries(tier, owner)
         return Partition.build(
             tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
@@ -505,8 +509,8 @@ class MemoryEngine:
                 restored = CompactPartition.restore(
                     tier, owner, source, self._store.memories_by_seq
                 )
-            except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
-                log.warning("the compact index of %s/%s is unreadable (%s)", owner, tier.value, exc)
+            except Exception as exc:  # anything in the bytes: index the rows instead
+                log.warning("the compact index of %s/%s is unusable (%s)", owner, tier.value, exc)
             else:
                 if restored.count == source.usage.entry_count:
                     return restored
@@ -518,6 +522,9 @@ class MemoryEngine:
                     source.usage.entry_count,
                 )
             log.warning("indexing %s/%s from its rows", owner, tier.value)
+        # Changes are logged from before the rows are read: an index of what
+        # is read can then be completed, however the tier is written meanwhile.
+        self._store.start_logging(tier, owner)
         return CompactPartition.load(
             tier,
             owner,
@@ -535,7 +542,7 @@ class MemoryEngine:
         due = max(INDEX_EVERY, partition.count // 100)
         if storage.indexed and partition.unindexed < due:
             return
-        if not storage.indexed and self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
+        if self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
             return
         with self._indexing_lock:
             if key in self._indexing:
@@ -552,11 +559,11 @@ class MemoryEngine:
             if self._store.save_index(key[0], key[1], partition.generation, parts):
                 partition.saved()
             else:
-                # A first index must be as of the tier's current generation
-                # (writes before it logged nothing): a tier written while it
-                # was being built is tried again later, not at every write.
+                # Another process saved a newer one, or the log was dropped
+                # (a bulk write) after this was read: not at every write.
                 partition.storage.refused_at = self._now()
-        except Exception:  # the next write or load tries again
+        except Exception:  # tried again after INDEX_RETRY_SECONDS
+            partition.storage.refused_at = self._now()
             log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
         finally:
             with self._indexing_lock:

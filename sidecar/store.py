@@ -92,6 +92,8 @@ class IndexSource(NamedTuple):
     removed: list[int]
     usage: Usage
     generation: int
+    # Changes logged since the index (one seq may have changed many times).
+    logged: int
 
 
 class Loaded(NamedTuple):
@@ -608,11 +610,12 @@ class Store:
             return Loaded(memories, Usage.of(row.content_chars for row in rows), 0)
         return Loaded(memories, _usage_of(state), state.generation)
 
-    def entry_count(self, tier: Tier, owner: str) -> int:
-        """How many entries the partition holds, from its state row."""
+    def tier_state(self, tier: Tier, owner: str) -> tuple[int, bool]:
+        """How many entries the partition holds, and whether its changes are
+        logged (it has or is getting a compact index), from its state row."""
         with self._guard(), self._db.connection_context():
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
-        return state.entry_count if state is not None else 0
+        return (state.entry_count, state.indexed != 0) if state is not None else (0, False)
 
     def scan_tier(
         self, tier: Tier, owner: str, consume: Callable[[list[Record]], None], *, batch: int = 5000
@@ -638,10 +641,10 @@ class Store:
         as of one snapshot (no index: `data` is empty)."""
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
-            if state is None or not state.indexed:
-                return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0)
+            if state is None or state.indexed <= 0:
+                return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0, 0)
             data = self._backend.read_index(owner, tier.value)
-            seqs = self._backend.changes_since(owner, tier.value, state.indexed)
+            seqs, logged = self._backend.changes_since(owner, tier.value, state.indexed)
             changed: list[Record] = []
             for start in range(0, len(seqs), _SEQ_BATCH):
                 sql, params = self._sql.by_seqs(owner, tier.value, seqs[start : start + _SEQ_BATCH])
@@ -649,17 +652,33 @@ class Store:
         present = {r.seq for r in changed}
         removed = [s for s in seqs if s not in present]
         usage = _usage_of(state)
-        return IndexSource(data, state.indexed, changed, removed, usage, state.generation)
+        return IndexSource(data, state.indexed, changed, removed, usage, state.generation, logged)
+
+    def start_logging(self, tier: Tier, owner: str) -> None:
+        """Log the partition's changes from now on, unless they already are:
+        an index built from what is read after this can be completed."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            state = self._backend.lock_partition(owner, tier.value)
+            if not state.indexed:
+                self._backend.start_logging(owner, tier.value, state.generation)
+
+    def stop_logging(self, tier: Tier, owner: str) -> None:
+        """Drop the partition's index and stop logging its changes (it is
+        held in full: nothing would ever read or trim the log)."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            if self._backend.lock_partition(owner, tier.value).indexed:
+                self._backend.drop_index(owner, tier.value)
 
     def save_index(self, tier: Tier, owner: str, generation: int, parts: Sequence[bytes]) -> bool:
         """Persist a partition's compact index as of `generation`, if that is
-        newer than the one kept and nothing unlogged was written since."""
+        newer than the one kept and every change since it is logged."""
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
             state = self._backend.lock_partition(owner, tier.value)
-            # Writes log their changes only once an index exists: the first
-            # one must be as of the partition's current generation.
-            unlogged = not state.indexed and state.generation != generation
-            if state.indexed >= generation or unlogged:
+            if state.indexed > 0:
+                complete = state.indexed < generation
+            else:  # logging since generation -(indexed + 1), or not at all
+                complete = state.indexed < 0 and generation >= -(state.indexed + 1)
+            if not complete:
                 return False
             self._backend.save_index(owner, tier.value, generation, parts)
             return True
@@ -699,17 +718,15 @@ class Store:
     def _advance(
         self, owner: str, tier: Tier, after: PartitionState, seqs: Sequence[int] = ()
     ) -> int:
-        """Store the partition's new state; return its generation. A partition
-        with a persisted compact index logs the seqs the write changed, or,
-        for a bulk write (no seqs), has its index dropped."""
+        """Store the partition's new state; return its generation. (A trigger
+        logs the entries the write changed, if the partition's changes are
+        logged.) A bulk write (no seqs) drops the partition's compact index:
+        indexing its rows again is cheaper than replaying the log."""
         generation = self._backend.advance(
             owner, tier.value, after.content_chars, after.entry_count
         )
-        if after.indexed:
-            if seqs:
-                self._backend.log_changes(owner, tier.value, generation, seqs)
-            else:
-                self._backend.drop_index(owner, tier.value)
+        if after.indexed and not seqs:
+            self._backend.drop_index(owner, tier.value)
         return generation
 
     def _find_locked(self, scope: Scope, memory_id: str) -> tuple[Record, PartitionState]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -182,7 +183,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
     # writes since (what a load replays), both rank as the full partition.
     now_rows = sorted(touched & twin.rows.keys())
     sources = [
-        IndexSource(twin.compact.to_bytes(), twin.generation, [], [], Usage(), twin.generation),
+        IndexSource(twin.compact.to_bytes(), twin.generation, [], [], Usage(), twin.generation, 0),
         IndexSource(
             saved,
             1,
@@ -190,6 +191,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
             sorted(touched - twin.rows.keys()),
             Usage(),
             twin.generation,
+            len(ops),
         ),
     ]
     for source in sources:
@@ -400,15 +402,17 @@ def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSideca
     key = (Tier.MEMORY, "agent")
     running.add("uv is the package manager", scope=SCOPE)
     before = running.store.generations([key])[key]
-    running.add("the worker deploys with helm", scope=SCOPE)
-    now = running.store.generations([key])[key]
-    # The write after `before` logged nothing (no index yet): an index as of
-    # `before` could never be completed, so it is refused.
+    # Nothing is logged yet: an index could never be completed.
     assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"x"])
-    assert running.store.save_index(Tier.MEMORY, "agent", now, [b"not an index"])
-    assert not running.store.save_index(Tier.MEMORY, "agent", now, [b"not newer"])
+    assert _state(running) == (0, 0)
+    running.store.start_logging(Tier.MEMORY, "agent")
+    running.add("the worker deploys with helm", scope=SCOPE)
+    # Logged from `before` on: an index as of `before` is completed by the log.
+    assert running.store.save_index(Tier.MEMORY, "agent", before, [b"not an index"])
+    assert _state(running) == (before, 1)
+    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"not newer"])
     running.add("the cron runs nightly", scope=SCOPE)
-    assert _state(running) == (now, 1)
+    assert _state(running) == (before, 2)
     # An unreadable index is set aside: the tier is indexed from its rows.
     compact = make_sidecar(
         "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 1}", name="save.db"
@@ -417,3 +421,63 @@ def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSideca
         pb.SearchMemoriesRequest(query="cron nightly", scope=SCOPE, limit=1), timeout=10
     ).hits
     assert hits[0].memory.content == "the cron runs nightly"
+
+
+def test_changes_made_outside_this_release_are_logged_too(make_sidecar: MakeSidecar) -> None:
+    """An older release still serving (a rolling upgrade) or a statement typed
+    by hand changes rows without this code: the database logs them."""
+    config = "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: %d}"
+    first = make_sidecar(config % 10, name="outside.db")
+    ids = [first.add(note, scope=SCOPE).memory.id for note in NOTES]
+    _observed(first)
+    _wait_indexed(first)
+    indexed, _ = _state(first)
+    store = first.store
+    db, p = store._db, store._db.param  # as a process without this code would
+    with db.connection_context(), db.atomic():
+        db.execute_sql(
+            f"UPDATE memories SET content = {p}, content_chars = {p} WHERE id = {p}",
+            ("zebra crossing by the api", 25, ids[0]),
+        )
+        db.execute_sql(f"DELETE FROM memories WHERE id = {p}", (ids[1],))
+        # ... and advances the tier's state as every release does.
+        state = store._backend.lock_partition("agent", "memory")
+        store._backend.advance("agent", "memory", state.content_chars, state.entry_count - 1)
+    assert _state(first)[1] == 2
+    fresh = make_sidecar(config % 10, name="outside.db")
+    reference = make_sidecar(config % 0, name="outside.db")
+    assert _observed(fresh) == _observed(reference)
+    zebra = fresh.stub.SearchMemories(
+        pb.SearchMemoriesRequest(query="zebra", scope=SCOPE, limit=1), timeout=10
+    ).hits
+    assert zebra[0].memory.id == ids[0]
+    assert indexed > 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda a: a.update(positions=a["positions"] + 1000),
+        lambda a: a.update(counts=np.zeros_like(a["counts"])),
+        lambda a: a.update(tokenizer=np.frombuffer(b"another", dtype=np.uint8)),
+        lambda a: a.update(version=np.array([99])),
+        lambda a: a.update(seq=a["seq"][::-1].copy()),
+        lambda a: a.update(offsets=a["offsets"][:-1].copy()),
+        lambda a: a.pop("hashes"),
+    ],
+    ids=["positions", "counts", "tokenizer", "version", "seq order", "offsets", "member"],
+)
+def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, object]], None]) -> None:
+    memories = [
+        Memory(f"m{k}", Tier.MEMORY, f"note {k} on deploys", "", 1.0, START, START, seq=k)
+        for k in range(1, 30)
+    ]
+    twin = Twin(memories)
+    with np.load(io.BytesIO(twin.compact.to_bytes()), allow_pickle=False) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    damage(arrays)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    source = IndexSource(buffer.getvalue(), 1, [], [], Usage(), 1, 0)
+    with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
+        CompactPartition.restore(Tier.MEMORY, "a", source, twin._fetch)
