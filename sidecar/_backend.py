@@ -224,11 +224,12 @@ class Backend(abc.ABC):
             f"UPDATE {STATE_TABLE} SET indexed = 0 WHERE owner = {p} AND tier = {p}", (owner, tier)
         )
 
-    def read_index(self, owner: str, tier: str) -> bytes:
+    def read_index(self, owner: str, tier: str, generation: int) -> bytes:
         p = self.db.param
         cursor = self.db.execute_sql(
-            f"SELECT data FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p} ORDER BY part",
-            (owner, tier),
+            f"SELECT data FROM {INDEX_TABLE}"
+            f" WHERE owner = {p} AND tier = {p} AND generation = {p} ORDER BY part",
+            (owner, tier, generation),
         )
         return b"".join(bytes(row[0]) for row in cursor.fetchall())
 
@@ -244,16 +245,38 @@ class Backend(abc.ABC):
         rows = cursor.fetchall()
         return sorted(int(row[0]) for row in rows), sum(int(row[1]) for row in rows)
 
-    def save_index(self, owner: str, tier: str, generation: int, parts: Sequence[bytes]) -> None:
-        """Replace the partition's persisted index with one as of `generation`.
+    def stage_index_part(
+        self, owner: str, tier: str, staging: int, number: int, part: bytes
+    ) -> None:
+        """Store one part of an index, not yet in use, under a key of its own
+        (a negative `staging` no other attempt uses) in place of a generation."""
+        p = self.db.param
+        self.db.execute_sql(
+            f"INSERT INTO {INDEX_TABLE} (owner, tier, generation, part, data)"
+            f" VALUES ({p}, {p}, {p}, {p}, {p})",
+            (owner, tier, staging, number, part),
+        )
+
+    def drop_staged(self, owner: str, tier: str, staging: int) -> None:
+        p = self.db.param
+        self.db.execute_sql(
+            f"DELETE FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p} AND generation = {p}",
+            (owner, tier, staging),
+        )
+
+    def save_index(self, owner: str, tier: str, generation: int, staging: int) -> None:
+        """Put the index staged under `staging` in use as of `generation`,
+        and drop every other (older ones, attempts left behind).
         Inside write_transaction, after lock_partition."""
         p = self.db.param
         self.db.execute_sql(
-            f"DELETE FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p}", (owner, tier)
+            f"DELETE FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p} AND generation <> {p}",
+            (owner, tier, staging),
         )
-        insert = f"INSERT INTO {INDEX_TABLE} (owner, tier, part, data) VALUES ({p}, {p}, {p}, {p})"
-        for number, part in enumerate(parts):
-            self.db.execute_sql(insert, (owner, tier, number, part))
+        self.db.execute_sql(
+            f"UPDATE {INDEX_TABLE} SET generation = {p} WHERE owner = {p} AND tier = {p}",
+            (generation, owner, tier),
+        )
         # Logged with the generation before the write: the index holds the
         # writes that started below `generation`.
         self.db.execute_sql(

@@ -143,9 +143,10 @@ def _v5_compact_index(db: Any) -> None:
         f"CREATE TABLE {INDEX_TABLE} ("
         " owner TEXT NOT NULL,"
         " tier TEXT NOT NULL,"
+        " generation BIGINT NOT NULL,"
         " part INTEGER NOT NULL,"
         " data BYTEA NOT NULL,"
-        " PRIMARY KEY (owner, tier, part))"
+        " PRIMARY KEY (owner, tier, generation, part))"
     )
     db.execute_sql(
         f"CREATE TABLE {CHANGES_TABLE} ("

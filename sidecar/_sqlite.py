@@ -219,9 +219,10 @@ def _v5_compact_index(db: PooledSqliteDatabase) -> None:
         f"CREATE TABLE {INDEX_TABLE} ("
         " owner TEXT NOT NULL,"
         " tier TEXT NOT NULL,"
+        " generation INTEGER NOT NULL,"
         " part INTEGER NOT NULL,"
         " data BLOB NOT NULL,"
-        " PRIMARY KEY (owner, tier, part))"
+        " PRIMARY KEY (owner, tier, generation, part))"
     )
     db.execute_sql(
         f"CREATE TABLE {CHANGES_TABLE} ("

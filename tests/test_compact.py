@@ -410,7 +410,9 @@ def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSideca
     # Logged from `before` on: an index as of `before` is completed by the log.
     assert running.store.save_index(Tier.MEMORY, "agent", before, [b"not an index"])
     assert _state(running) == (before, 1)
-    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"not newer"])
+    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"not newer", b"!"])
+    # A refused attempt leaves the index in use as it was.
+    assert running.store.compact_source(Tier.MEMORY, "agent").data == b"not an index"
     running.add("the cron runs nightly", scope=SCOPE)
     assert _state(running) == (before, 2)
     # An unreadable index is set aside: the tier is indexed from its rows.
