@@ -831,7 +831,8 @@ def bench_big_tier_writes(
 
 
 def indexed_generation(db: Path, owner: str) -> int:
-    """The generation of the tier's persisted compact index (0: none yet)."""
+    """The generation of the tier's persisted compact index (0: none yet;
+    negative while changes are logged for one being built)."""
     with closing(sqlite3.connect(db)) as conn:
         row = conn.execute(
             "SELECT indexed FROM tier_state WHERE owner = ? AND tier = 'memory'", (owner,)
@@ -872,7 +873,7 @@ def bench_large_tiers(report: Report, work: Path, corpus: Corpus, sizes: list[in
                 if held == "compact, from rows":
                     # Wait for the index to be persisted, for the next start.
                     deadline = time.monotonic() + 900
-                    while not indexed_generation(db, "bench-agent"):
+                    while indexed_generation(db, "bench-agent") <= 0:
                         if time.monotonic() > deadline:
                             raise RuntimeError("the compact index was never persisted")
                         time.sleep(0.2)
