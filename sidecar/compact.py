@@ -21,6 +21,11 @@ still see the entry; an update is a tombstone plus an appended entry with
 the same seq (seq orders ties, so its rank is unchanged). Postings are one
 base segment (CSR: a term's rows are offsets[id]:offsets[id + 1]) built at
 load, plus per-term arrays for what was appended since.
+
+The index is persisted (to_bytes, restore; the engine decides when): the
+entries in seq order and a fresh base segment, as of one generation. A
+trigger logs every change made after that (sidecar._backend), and a load
+replays them: the index plus the log is the tier as of now.
 """
 
 from __future__ import annotations
