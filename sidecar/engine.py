@@ -45,7 +45,7 @@ from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
-from sidecar.errors import BudgetExceeded, InvalidArgument
+from sidecar.errors import BudgetExceeded, InvalidArgument, SidecarError
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError
 from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
@@ -494,7 +494,7 @@ class MemoryEngine:
         if logged and threshold:
             # Held in full now (it shrank, or the threshold rose): nothing
             # would read or trim its log any more.
-            self._store.stop_logging(tier, owner)
+            self._bookkeeping(self._store.stop_logging, tier, owner)
         loaded = self._store.tier_entries(tier, owner)
         return Partition.build(
             tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
@@ -524,13 +524,22 @@ class MemoryEngine:
             log.warning("indexing %s/%s from its rows", owner, tier.value)
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
-        self._store.start_logging(tier, owner)
+        self._bookkeeping(self._store.start_logging, tier, owner)
         return CompactPartition.load(
             tier,
             owner,
             lambda consume: self._store.scan_tier(tier, owner, consume),
             self._store.memories_by_seq,
         )
+
+    @staticmethod
+    def _bookkeeping(write: Callable[[Tier, str], None], tier: Tier, owner: str) -> None:
+        """A write a read makes for the index's sake: if the database refuses
+        it (read-only, full, busy), the read goes on without it."""
+        try:
+            write(tier, owner)
+        except SidecarError as exc:
+            log.warning("the compact index of %s/%s: %s", owner, tier.value, exc)
 
     def _maybe_index(self, key: PartitionKey, partition: AnyPartition) -> None:
         """Persist a compact partition's index in the background when it has
