@@ -63,7 +63,8 @@ def tier_block(
         percent = usage.used_chars * 100 // limit_chars
         summary = f"{percent}% — {usage.used_chars:,}/{limit_chars:,} chars"
     else:
-        shown = tuple(pick(((memories[p], costs[p]) for p in order), separator_cost, max_tokens))
+        picked = pick(((memories[p], costs[p]) for p in order), separator_cost, max_tokens)
+        shown = tuple(memory for memory, _cost in picked)
         count = len(memories) if count is None else count
         summary = f"{count:,} {'entry' if count == 1 else 'entries'}"
         if len(shown) < count:
@@ -81,21 +82,22 @@ MAX_SKIPPED = 64
 
 def pick(
     ranked: Iterable[tuple[Memory, int]], separator_cost: int, max_tokens: int
-) -> list[Memory]:
-    """From (memory, token cost) pairs in rank order, the entries an unlimited
-    tier's block shows: each that still fits in `max_tokens`, passing over
-    those that do not, until nothing more can fit or MAX_SKIPPED were passed."""
-    picked: list[Memory] = []
+) -> list[tuple[Memory, int]]:
+    """From (memory, token cost) pairs in rank order, the pairs of the entries
+    an unlimited tier's block shows: each that still fits in `max_tokens`,
+    passing over those that do not, until nothing more can fit or MAX_SKIPPED
+    were passed."""
+    picked: list[tuple[Memory, int]] = []
     spent = skipped = 0
     for memory, cost in ranked:
-        cost += separator_cost if picked else 0
-        if spent + cost > max_tokens:
+        spend = cost + (separator_cost if picked else 0)
+        if spent + spend > max_tokens:
             skipped += 1
             if skipped >= MAX_SKIPPED:
                 break
             continue
-        picked.append(memory)
-        spent += cost
+        picked.append((memory, cost))
+        spent += spend
         if separator_cost and max_tokens - spent < separator_cost:
             break  # every further entry costs at least the separator
     return picked

@@ -101,19 +101,15 @@ class Vocabulary:
         self.hashes, self.bounds, self.text = hashes, bounds, text
 
     @classmethod
-    def of(cls, words: Sequence[str]) -> Vocabulary:
-        """`words` sorted by hash (see `order`)."""
-        encoded = [w.encode() for w in words]
+    def sorted(cls, words: Sequence[str]) -> tuple[Vocabulary, Int64Array]:
+        """A Vocabulary of these words, and where it puts them: the i-th word
+        of the Vocabulary is words[order[i]]. Each word is hashed once."""
+        hashes = np.array([word_hash(w) for w in words], dtype=np.int64)
+        order: Int64Array = np.argsort(hashes, kind="stable")
+        encoded = [words[i].encode() for i in order.tolist()]
         bounds: Int64Array = np.zeros(len(words) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=bounds[1:])
-        hashes = np.array([word_hash(w) for w in words], dtype=np.int64)
-        return cls(hashes, bounds, b"".join(encoded))
-
-    @staticmethod
-    def order(words: Sequence[str]) -> Int64Array:
-        """The order of these words in a Vocabulary."""
-        hashes = np.array([word_hash(w) for w in words], dtype=np.int64)
-        return np.argsort(hashes, kind="stable")
+        return cls(hashes[order], bounds, b"".join(encoded)), order
 
     def words(self) -> list[str]:
         text, bounds = self.text, self.bounds.tolist()
@@ -155,7 +151,7 @@ class _Storage:
         self.removals = 0
         self.categories: dict[str, int] = {"": 0}
         # The base segment.
-        self.vocabulary = Vocabulary.of(())
+        self.vocabulary, _ = Vocabulary.sorted(())
         # The persisted index this storage started from or last saved (its
         # generation; 0: none), and how many writes it had applied then.
         self.indexed = 0
@@ -356,10 +352,8 @@ class CompactPartition:
 
     @property
     def unindexed(self) -> int:
-        """Writes this partition holds that its storage's persisted index lacks
-        (everything, when there is none)."""
-        if not self.storage.indexed:
-            return max(self.ops, 1)
+        """Writes this partition holds that its storage's persisted index
+        lacks (meaningful once the storage has one: see storage.indexed)."""
         return self.ops - self.storage.indexed_ops
 
     def saved(self) -> None:
@@ -632,8 +626,7 @@ def _segment(
     position left out, each word's positions ascending (a stable sort)."""
     present = np.bincount(ids, minlength=len(words)) > 0
     kept = [w for w, here in zip(words, present.tolist(), strict=True) if here]
-    ranked = Vocabulary.order(kept)
-    storage.vocabulary = Vocabulary.of([kept[i] for i in ranked])
+    storage.vocabulary, ranked = Vocabulary.sorted(kept)
     renumbered = np.full(len(words), -1, dtype=np.int32)
     renumbered[np.flatnonzero(present)[ranked]] = np.arange(len(ranked), dtype=np.int32)
     new_ids = renumbered[ids]

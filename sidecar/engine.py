@@ -685,11 +685,7 @@ class MemoryEngine:
                 start, batch = start + len(chunk), batch * 2
 
         budget = settings.max_injection_tokens
-        if limit_chars:
-            entries = list(ranked())
-        else:
-            picked = blocks.pick(ranked(), separator, budget)
-            entries = [(m, self.tokens.count(m.content)) for m in picked]
+        entries = list(ranked()) if limit_chars else blocks.pick(ranked(), separator, budget)
         return blocks.tier_block(
             partition.tier,
             [m for m, _ in entries],

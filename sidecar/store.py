@@ -646,10 +646,7 @@ class Store:
                 return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0, 0)
             data = self._backend.read_index(owner, tier.value, state.indexed)
             seqs, logged = self._backend.changes_since(owner, tier.value, state.indexed)
-            changed: list[Record] = []
-            for start in range(0, len(seqs), _SEQ_BATCH):
-                sql, params = self._sql.by_seqs(owner, tier.value, seqs[start : start + _SEQ_BATCH])
-                changed.extend(Record(*row) for row in self._db.execute_sql(sql, params).fetchall())
+            changed = self._records_by_seq(owner, tier, seqs)
         present = {r.seq for r in changed}
         removed = [s for s in seqs if s not in present]
         usage = _usage_of(state)
@@ -701,14 +698,8 @@ class Store:
         since removed are left out."""
         if not seqs:
             return []
-        found: dict[int, Memory] = {}
         with self._guard(), self._db.connection_context():
-            for start in range(0, len(seqs), _SEQ_BATCH):
-                chunk = list(seqs[start : start + _SEQ_BATCH])
-                sql, params = self._sql.by_seqs(owner, tier.value, chunk)
-                for row in self._db.execute_sql(sql, params).fetchall():
-                    record = Record(*row)
-                    found[record.seq] = _to_memory(record)
+            found = {r.seq: _to_memory(r) for r in self._records_by_seq(owner, tier, seqs)}
         return [found[s] for s in seqs if s in found]
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
@@ -720,6 +711,15 @@ class Store:
     def _rows_of(self, template: Template, **values: object) -> list[Record]:
         cursor = self._db.execute_sql(template.sql, template.params(**values))
         return [Record(*row) for row in cursor.fetchall()]
+
+    def _records_by_seq(self, owner: str, tier: Tier, seqs: Sequence[int]) -> list[Record]:
+        """The partition's rows with these seqs (those that exist), read
+        `_SEQ_BATCH` at a time."""
+        records: list[Record] = []
+        for start in range(0, len(seqs), _SEQ_BATCH):
+            sql, params = self._sql.by_seqs(owner, tier.value, seqs[start : start + _SEQ_BATCH])
+            records.extend(Record(*row) for row in self._db.execute_sql(sql, params).fetchall())
+        return records
 
     def _usages(self, scope: Scope, tiers: Collection[Tier]) -> dict[Tier, Usage]:
         keys = {tier: (scope.owner(tier), tier.value) for tier in tiers}

@@ -257,15 +257,14 @@ NOTES = [
 QUESTIONS = ["how does the worker deploy", "helm friday", "cron", "uv monday api", "zebra notes"]
 
 
+def _hits(running: Running, query: str, limit: int = 1) -> list[pb.SearchHit]:
+    request = pb.SearchMemoriesRequest(query=query, scope=SCOPE, limit=limit)
+    return list(running.stub.SearchMemories(request, timeout=10).hits)
+
+
 def _observed(running: Running) -> tuple[list[list[tuple[str, float]]], str, list[str]]:
     found = [
-        [
-            (hit.memory.id, round(hit.score, 12))
-            for hit in running.stub.SearchMemories(
-                pb.SearchMemoriesRequest(query=q, scope=SCOPE, limit=7), timeout=10
-            ).hits
-        ]
-        for q in QUESTIONS
+        [(hit.memory.id, round(hit.score, 12)) for hit in _hits(running, q, 7)] for q in QUESTIONS
     ]
     turns = [running.turn("s", q, scope=SCOPE) for q in QUESTIONS]
     return found, turns[0].system_block, [t.turn_context for t in turns]
@@ -391,10 +390,7 @@ def test_a_bulk_write_drops_the_persisted_index(make_sidecar: MakeSidecar) -> No
     fresh = make_sidecar(
         "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}", name="bulk.db"
     )
-    hits = fresh.stub.SearchMemories(
-        pb.SearchMemoriesRequest(query="restored cron", scope=SCOPE, limit=1), timeout=10
-    ).hits
-    assert hits[0].memory.id == "restored-1"
+    assert _hits(fresh, "restored cron")[0].memory.id == "restored-1"
 
 
 def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSidecar) -> None:
@@ -419,10 +415,7 @@ def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSideca
     compact = make_sidecar(
         "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 1}", name="save.db"
     )
-    hits = compact.stub.SearchMemories(
-        pb.SearchMemoriesRequest(query="cron nightly", scope=SCOPE, limit=1), timeout=10
-    ).hits
-    assert hits[0].memory.content == "the cron runs nightly"
+    assert _hits(compact, "cron nightly")[0].memory.content == "the cron runs nightly"
 
 
 def test_changes_made_outside_this_release_are_logged_too(make_sidecar: MakeSidecar) -> None:
@@ -449,10 +442,7 @@ def test_changes_made_outside_this_release_are_logged_too(make_sidecar: MakeSide
     fresh = make_sidecar(config % 10, name="outside.db")
     reference = make_sidecar(config % 0, name="outside.db")
     assert _observed(fresh) == _observed(reference)
-    zebra = fresh.stub.SearchMemories(
-        pb.SearchMemoriesRequest(query="zebra", scope=SCOPE, limit=1), timeout=10
-    ).hits
-    assert zebra[0].memory.id == ids[0]
+    assert _hits(fresh, "zebra")[0].memory.id == ids[0]
     assert indexed > 0
 
 
