@@ -8,12 +8,13 @@ tokenizer: lowercase, strip punctuation, split on whitespace, drop tokens
 of 2 characters or fewer and 20 stopwords; k1 1.2, b 0.75 over the average
 document length; no stemming), scored over the same memories.
 
-    python -m bench.retrieval [--grid]
+    python -m bench.retrieval [--grid] [--semantic-grid]
 
 `--grid` scores BM25 parameters on the tuning sets (conv1, conv2) and on
 the held-out ones (conv3, conv4): parameters are chosen on the first and
 only reported on the second, so they are not fitted to the sets that judge
-them.
+them. `--semantic-grid` does the same for the hybrid's blend weight and
+similarity floor (sidecar.semantic), with the local all-MiniLM-L6-v2.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from sidecar import ranking
+import numpy as np
+
+from sidecar import ranking, semantic
+from sidecar.embedding import Encoder, LocalEncoder
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Tier, Usage
 
@@ -92,6 +96,33 @@ def ours(memories: list[Memory]) -> Search:
         return [memory.id for memory, _ in hits]
 
     return search
+
+
+def hybrid(
+    encoder: Encoder, weight: float = 0.5, floor: float = 0.35
+) -> Callable[[list[Memory]], Search]:
+    """Our ranking blended with the encoder's cosines (sidecar.semantic), as
+    the daemon does it: vectors stored as float16, the query embedded whole."""
+
+    def make(memories: list[Memory]) -> Search:
+        partition = ranking.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
+        weights = ranking.Weights()
+        stored = [semantic.to_stored(v) for v in encoder.encode([m.content for m in memories])]
+        vectors = semantic.VectorSet(
+            1, np.array([m.seq for m in memories]), semantic.from_stored(stored), True, 0.0
+        )
+
+        def search(question: str) -> list[str]:
+            query = encoder.encode([question])[0]
+            scores = ranking.SemanticScores(vectors.cosines(query, partition.seq), weight, floor)
+            hits = ranking.rank(
+                [partition], keywords([question]), weights, limit=TOP, semantic=scores
+            )
+            return [memory.id for memory, _ in hits]
+
+        return search
+
+    return make
 
 
 def _plain_tokens(text: str) -> list[str]:
@@ -160,18 +191,40 @@ def grid() -> list[tuple[float, float, float, float]]:
     return rows
 
 
+def semantic_grid(encoder: Encoder) -> list[tuple[float, float, float, float]]:
+    tuning, held_out = load(TUNING), load(HELD_OUT)
+    rows = []
+    for weight in (0.3, 0.5, 0.7):
+        for floor in (0.25, 0.3, 0.35, 0.4, 0.5):
+            make = hybrid(encoder, weight, floor)
+            rows.append((weight, floor, found(tuning, make)["all"], found(held_out, make)["all"]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", action="store_true", help="score BM25 parameters")
+    parser.add_argument(
+        "--semantic-grid", action="store_true", help="score the hybrid's weight and floor"
+    )
     args = parser.parse_args(argv)
     sets = load(TUNING + HELD_OUT)
-    for label, make in (("plain BM25", plain_bm25), ("memory-sidecar", ours)):
+    encoder = LocalEncoder()
+    for label, make in (
+        ("plain BM25", plain_bm25),
+        ("memory-sidecar", ours),
+        ("memory-sidecar hybrid", hybrid(encoder)),
+    ):
         scores = found(sets, make)
         print(label, " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items())))
     if args.grid:
         print("k1    b     tuning  held-out")
         for k1, b, tuning, held_out in grid():
             print(f"{k1:<5} {b:<5} {tuning:.3f}   {held_out:.3f}")
+    if args.semantic_grid:
+        print("weight floor tuning  held-out")
+        for weight, floor, tuning, held_out in semantic_grid(encoder):
+            print(f"{weight:<6} {floor:<5} {tuning:.3f}   {held_out:.3f}")
     return 0
 
 

@@ -36,6 +36,10 @@ STATE_TABLE = "tier_state"
 # seqs each write since then changed (sidecar.compact; schema 5).
 INDEX_TABLE = "tier_index"
 CHANGES_TABLE = "tier_changes"
+# An entry's embedding for semantic retrieval (sidecar.embedding; schema 6):
+# one row per entry, deleted with it, naming the encoder and the content it
+# was computed from, so a vector is only used for the text it describes.
+VECTORS_TABLE = "memory_vectors"
 # The duplicate check asks for a partition's first entry with a digest
 # (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
@@ -287,6 +291,58 @@ class Backend(abc.ABC):
             f"UPDATE {STATE_TABLE} SET indexed = {p} WHERE owner = {p} AND tier = {p}",
             (generation, owner, tier),
         )
+
+    # --- embeddings (sidecar.embedding) --------------------------------------
+
+    def put_vector(self, seq: int, model: str, digest: str, data: bytes) -> None:
+        """Store (or replace) an entry's vector. Inside write_transaction."""
+        p = self.db.param
+        self.db.execute_sql(
+            f"INSERT INTO {VECTORS_TABLE} (seq, model, content_sha256, vector)"
+            f" VALUES ({p}, {p}, {p}, {p}) ON CONFLICT (seq) DO UPDATE SET"
+            " model = excluded.model, content_sha256 = excluded.content_sha256,"
+            " vector = excluded.vector",
+            (seq, model, digest, data),
+        )
+
+    def put_vector_if_current(self, seq: int, model: str, digest: str, data: bytes) -> None:
+        """put_vector, unless the entry is gone or its content changed since
+        the vector was computed from it (a backfill racing a write)."""
+        p = self.db.param
+        self.db.execute_sql(
+            f"INSERT INTO {VECTORS_TABLE} (seq, model, content_sha256, vector)"
+            f" SELECT {p}, {p}, {p}, {p}"
+            f" WHERE EXISTS (SELECT 1 FROM memories WHERE seq = {p} AND content_sha256 = {p})"
+            " ON CONFLICT (seq) DO UPDATE SET"
+            " model = excluded.model, content_sha256 = excluded.content_sha256,"
+            " vector = excluded.vector",
+            (seq, model, digest, data, seq, digest),
+        )
+
+    def vectors(self, owner: str, tier: str, model: str) -> Iterator[list[tuple[Any, ...]]]:
+        """(seq, vector) of the partition's entries whose vector is this
+        model's and describes their current content, by seq, in batches."""
+        p = self.db.param
+        return self.batches(
+            f"SELECT v.seq, v.vector FROM {VECTORS_TABLE} v JOIN memories m ON m.seq = v.seq"
+            f" WHERE m.owner = {p} AND m.tier = {p} AND v.model = {p}"
+            " AND v.content_sha256 = m.content_sha256 ORDER BY v.seq",
+            (owner, tier, model),
+            4096,
+        )
+
+    def unembedded(self, model: str, after: int, limit: int) -> list[tuple[Any, ...]]:
+        """(seq, content, digest) of up to `limit` entries past seq `after`
+        without a current vector of this model, by seq."""
+        p = self.db.param
+        cursor = self.db.execute_sql(
+            f"SELECT m.seq, m.content, m.content_sha256 FROM memories m"
+            f" LEFT JOIN {VECTORS_TABLE} v ON v.seq = m.seq AND v.model = {p}"
+            " AND v.content_sha256 = m.content_sha256"
+            f" WHERE v.seq IS NULL AND m.seq > {p} ORDER BY m.seq LIMIT {p}",
+            (model, after, limit),
+        )
+        return list(cursor.fetchall())
 
     def all_states(self) -> Iterator[tuple[str, str, PartitionState]]:
         """Every state row, as (owner, tier, state)."""

@@ -32,6 +32,7 @@ from sidecar._backend import (
     INDEX_TABLE,
     SCHEMA_TABLE,
     STATE_TABLE,
+    VECTORS_TABLE,
     Backend,
     FeedSettings,
 )
@@ -175,11 +176,23 @@ def _v5_compact_index(db: Any) -> None:
     )
 
 
+def _v6_vectors(db: Any) -> None:
+    """Schema 6: entries' embeddings for semantic retrieval (sidecar.embedding)."""
+    db.execute_sql(
+        f"CREATE TABLE {VECTORS_TABLE} ("
+        " seq BIGINT PRIMARY KEY REFERENCES memories (seq) ON DELETE CASCADE,"
+        " model TEXT NOT NULL,"
+        " content_sha256 TEXT NOT NULL,"
+        " vector BYTEA NOT NULL)"
+    )
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (4, "memories, idempotency keys, a state row per partition", _v4_schema),
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
+    (6, "entries' embeddings", _v6_vectors),
 ]
 
 # SQLSTATEs a client can act on by retrying.

@@ -25,6 +25,7 @@ from sidecar._backend import (
     INDEX_TABLE,
     SCHEMA_TABLE,
     STATE_TABLE,
+    VECTORS_TABLE,
     Backend,
     FeedSettings,
 )
@@ -244,6 +245,17 @@ def _v5_compact_index(db: PooledSqliteDatabase) -> None:
         )
 
 
+def _v6_vectors(db: PooledSqliteDatabase) -> None:
+    """Schema 6: entries' embeddings for semantic retrieval (sidecar.embedding)."""
+    db.execute_sql(
+        f"CREATE TABLE {VECTORS_TABLE} ("
+        " seq INTEGER PRIMARY KEY REFERENCES memories (seq) ON DELETE CASCADE,"
+        " model TEXT NOT NULL,"
+        " content_sha256 TEXT NOT NULL,"
+        " vector BLOB NOT NULL)"
+    )
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -255,6 +267,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (3, "idempotency keys", _v3_idempotency),
     (4, "a state row per partition", _v4_tier_state),
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
+    (6, "entries' embeddings", _v6_vectors),
 ]
 
 

@@ -65,6 +65,11 @@ class AgentSettings:
     keyword_llm_api_key_env: str = ""
     keyword_llm_timeout_seconds: float = 5.0
     content_scanning: str = "strict"
+    # With server.semantic_encoder on: how much of a match's similarity is
+    # the cosine of its embedding with the query's (the rest is BM25), and
+    # the cosine below which an entry that matches no keyword is no match.
+    semantic_weight: float = 0.5
+    semantic_min_similarity: float = 0.35
     # Resolved from the environment variable named by keyword_llm_api_key_env;
     # never read from the file, never printed.
     keyword_llm_api_key: str = field(default="", repr=False)
@@ -108,6 +113,20 @@ class ServerSettings:
     # (sidecar.compact: ~30 bytes per entry and 6 per indexed word, entries
     # read back by seq) instead of as Memory objects; 0 never does.
     compact_tier_entries: int = 20_000
+    # Semantic retrieval (sidecar.embedding): off; local (all-MiniLM-L6-v2
+    # run in-process: the semantic extra and the model package); or endpoint
+    # (an OpenAI-compatible /v1/embeddings: TEI, vLLM, Ollama), which every
+    # call waits for at most semantic_timeout_seconds in all, then ranks
+    # lexically. Entries' vectors are stored with them and kept in memory
+    # for tiers held in full (below compact_tier_entries), within
+    # semantic_cache_bytes.
+    semantic_encoder: str = "off"
+    semantic_model_dir: str = ""
+    semantic_base_url: str = ""
+    semantic_model: str = ""
+    semantic_api_key_env: str = ""
+    semantic_timeout_seconds: float = 2.0
+    semantic_cache_bytes: int = 64 * 1024 * 1024
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).
@@ -132,6 +151,8 @@ class ServerSettings:
     # Resolved from db_password_file or MEMORY_SIDECAR_DB_PASSWORD; never read
     # from the file or flags, never printed.
     db_password: str = field(default="", repr=False)
+    # Resolved from the variable semantic_api_key_env names; never printed.
+    semantic_api_key: str = field(default="", repr=False)
 
     def limits(self) -> Limits:
         return Limits(
@@ -205,6 +226,14 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "compact_tier_entries": _at_least(0),
     "max_sessions_total": _at_least(1),
     "content_scanning": _one_of("strict", "warn", "off"),
+    "semantic_weight": _between(0, 1),
+    "semantic_min_similarity": _between(-1, 1),
+    "semantic_encoder": _one_of("off", "local", "endpoint"),
+    "semantic_base_url": lambda v: (
+        None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
+    ),
+    "semantic_timeout_seconds": _between(0.05, 120),
+    "semantic_cache_bytes": _at_least(0),
     "max_content_chars": _at_least(1),
     "max_category_chars": _at_least(1),
     "max_id_chars": _at_least(1),
@@ -274,7 +303,11 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 _AGENT_KEYS = {k: v for k, v in _field_types(AgentSettings).items() if k != "keyword_llm_api_key"}
-_SERVER_KEYS = {k: v for k, v in _field_types(ServerSettings).items() if k != "db_password"}
+_SERVER_KEYS = {
+    k: v
+    for k, v in _field_types(ServerSettings).items()
+    if k not in ("db_password", "semantic_api_key")
+}
 PASSWORD_ENV = f"{ENV_PREFIX}DB_PASSWORD"
 
 
@@ -406,6 +439,29 @@ def _check_tracing(server: ServerSettings, environ: Mapping[str, str]) -> Server
     return server
 
 
+def _check_semantic(server: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
+    """The encoder's needs: the extra and model for `local`, a URL and a
+    model name (and the key, from its variable) for `endpoint`."""
+    if server.semantic_encoder == "local":
+        from sidecar.embedding import encoder_missing
+
+        problem = encoder_missing(server.semantic_model_dir)
+        if problem:
+            raise ConfigError("server.semantic_encoder", problem)
+    elif server.semantic_encoder == "endpoint":
+        for key in ("semantic_base_url", "semantic_model"):
+            if not getattr(server, key):
+                raise ConfigError(f"server.{key}", "required with semantic_encoder: endpoint")
+    variable = server.semantic_api_key_env
+    if variable:
+        if variable not in environ:
+            raise ConfigError(
+                "server.semantic_api_key_env", f"environment variable {variable} is not set"
+            )
+        server = dataclasses.replace(server, semantic_api_key=environ[variable])
+    return server
+
+
 def _finish(path: str, settings: AgentSettings, environ: Mapping[str, str]) -> AgentSettings:
     """Cross-key checks, and the API key read from the variable it names."""
     if settings.similarity_weight + settings.confidence_weight <= 0:
@@ -480,8 +536,11 @@ def load(
             prefix, dataclasses.replace(default_settings, **values), environ
         )
     return Config(
-        server=_check_tracing(
-            _finish_server(_with_password(ServerSettings(**server), environ)), environ
+        server=_check_semantic(
+            _check_tracing(
+                _finish_server(_with_password(ServerSettings(**server), environ)), environ
+            ),
+            environ,
         ),
         defaults=default_settings,
         agents=MappingProxyType(agents),

@@ -11,7 +11,8 @@ Caches, from the bottom up:
   kept in a bounded LRU and shared by every search, view and session.
 - Views: a scope's snapshot (the rendered frozen block and the partitions it
   came from), shared by every session of that scope and generation, and kept
-  only while some session holds it.
+  only while some session holds it. Scopes with nothing ever written share
+  one view (see View): a new agent's session costs a session, not a snapshot.
 - Sessions (sidecar.sessions): which view each runtime session is using.
 
 A cached turn reads only these, so it runs no database query at all (a
@@ -45,13 +46,15 @@ from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
+from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SidecarError
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError
 from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
-from sidecar.ranking import Partition, Weights, rank
-from sidecar.sessions import Limits, SessionTable
+from sidecar.ranking import Partition, SemanticScores, Weights, rank
+from sidecar.semantic import Floats, Semantic
+from sidecar.sessions import Limits, SessionId, SessionTable
 from sidecar.store import Store, Wanted, Written
 from sidecar.tokens import TokenCounter
 
@@ -71,9 +74,16 @@ _INDEX_PART = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
 class View:
-    """A scope's snapshot: the frozen block and where it came from."""
+    """A scope's snapshot: the frozen block and where it came from.
 
-    scope: Scope
+    Scopes with nothing ever written to any tier share one view per settings
+    (`scope` None, see MemoryEngine._empty_view): a flood of new agents then
+    costs no snapshot each. Its partitions are empty stand-ins for every such
+    scope's; whether it is still current is judged by the generations of the
+    session's own scope (see MemoryEngine._fresh).
+    """
+
+    scope: Scope | None
     partitions: tuple[AnyPartition, ...]
     generation: int
     system_block: str
@@ -114,6 +124,7 @@ class Stats:
     """What the engine holds in memory."""
 
     sessions: int
+    # Per-scope views (the one shared by scopes with nothing written is not counted).
     views: int
     partitions: int
     # Agents with sessions, and partitions whose generations are followed:
@@ -151,9 +162,26 @@ _NO_SEQS: frozenset[int] = frozenset()
 
 _EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 
+# The partitions of the shared empty view (see View): one empty partition per
+# tier standing in for every never-written one. Their owner means nothing, so
+# they are never cached, written to or ranked under a key.
+_STAND_INS: tuple[Partition, ...] = tuple(Partition.build(t, "", 0, (), Usage()) for t in Tier)
+
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest() if text else _EMPTY_DIGEST
+
+
+def _session_key(scope: Scope, session_id: str) -> SessionId:
+    """A session's id within its agent: sessions of different users of one
+    agent are apart. Without a user_id (the usual case) the bare session id:
+    a str never equals a tuple, and it saves a tuple per session."""
+    return (scope.user_id, session_id) if scope.user_id else session_id
+
+
+def _session_scope(agent_id: str, key: SessionId) -> Scope:
+    """The scope of the session with this id (see _session_key)."""
+    return Scope(agent_id, key[0]) if isinstance(key, tuple) else Scope(agent_id)
 
 
 def _session_limits(settings: AgentSettings) -> Limits:
@@ -176,10 +204,21 @@ class MemoryEngine:
         tokens: TokenCounter | None = None,
         now: Callable[[], float] = time.monotonic,
         changes: bool = False,
+        encoder: Encoder | None = None,
     ) -> None:
         self._config = config
         self._store = store
         self._metrics = metrics or Metrics()
+        # Semantic retrieval (server.semantic_encoder), when an encoder is given.
+        self.semantic: Semantic | None = None
+        if encoder is not None:
+            self.semantic = Semantic(
+                encoder,
+                store,
+                self._metrics,
+                cache_bytes=config.server.semantic_cache_bytes,
+                clock=now,
+            )
         self.tokens = tokens or TokenCounter()
         self._now = now
         self._generations = Generations()
@@ -206,6 +245,8 @@ class MemoryEngine:
         self._views: weakref.WeakValueDictionary[tuple[str, str], View] = (
             weakref.WeakValueDictionary()
         )
+        # The view shared by every scope with nothing written, per settings; see View.
+        self._empty_views: dict[AgentSettings, View] = {}
         self._view_locks = [threading.Lock() for _ in range(_STRIPES)]
         # Partitions whose compact index is being persisted (one at a time each).
         self._indexing: set[PartitionKey] = set()
@@ -290,11 +331,26 @@ class MemoryEngine:
             self._generations.track(key)
             self._generations.observe(key, generation)
 
-    def _is_fresh(self, partition: AnyPartition) -> bool:
+    def _is_fresh(self, partition: AnyPartition, owner: str | None = None) -> bool:
+        """Whether the partition is current as (tier, owner)'s: its own owner's
+        unless given (the shared empty view's stand-ins, see View)."""
         # A partition whose generation is no longer followed cannot be
         # trusted (news of other processes' writes to it was not kept).
-        newest = self._generations.current((partition.tier, partition.owner))
+        key = (partition.tier, partition.owner if owner is None else owner)
+        newest = self._generations.current(key)
         return newest is not None and partition.generation >= newest
+
+    def _fresh(self, view: View, scope: Scope) -> list[bool]:
+        """Which of the view's partitions are still current for this scope."""
+        if view.scope is not None:
+            return [self._is_fresh(p) for p in view.partitions]
+        # The shared empty view: current while the scope's own partitions are
+        # still at generation 0 as far as this process knows (they stay
+        # followed while a session holds it, see evict_idle). Stale in part
+        # is stale in all: the turn then reads the scope's own partitions, so
+        # no stand-in (owned by nobody) reaches ranking.
+        fresh = [self._is_fresh(p, scope.owner(p.tier)) for p in view.partitions]
+        return fresh if all(fresh) else [False] * len(fresh)
 
     def _annotations(self) -> dict[str, Any]:
         return {"scan": _finding, "count_tokens": self.tokens.count}
@@ -363,6 +419,8 @@ class MemoryEngine:
         self._screen(settings, "content", content)
         self._screen(settings, "category", category)
         key = (tier, scope.owner(tier))
+        # Embedded before any lock is taken: the encoder may take a while.
+        stored, held = self.semantic.for_write(content) if self.semantic else (None, None)
         with self._writing([key]), self._counting_rejections():
             written = self._store.add(
                 scope,
@@ -373,9 +431,19 @@ class MemoryEngine:
                 settings.policy(tier),
                 idempotency_key=idempotency_key,
                 still_wanted=still_wanted,
+                vector=stored,
             )
             memory, usage = written.memory, written.usage
             self._written(key, written, lambda p, g: self._added(p, memory, g, usage))
+            if self.semantic is not None:
+                self.semantic.written(
+                    key,
+                    written.previous,
+                    written.generation,
+                    memory.seq,
+                    held,
+                    content_changed=True,
+                )
         return memory, usage, written.created
 
     def update(
@@ -394,6 +462,11 @@ class MemoryEngine:
         if category is not None:
             self._screen(settings, "category", category)
         keys = [(tier, scope.owner(tier)) for tier in Tier]
+        stored, held = (
+            self.semantic.for_write(content)
+            if self.semantic is not None and content is not None
+            else (None, None)
+        )
         with self._writing(keys), self._counting_rejections():
             written = self._store.update(
                 scope,
@@ -403,13 +476,20 @@ class MemoryEngine:
                 category=category,
                 confidence=confidence,
                 still_wanted=still_wanted,
+                vector=stored,
             )
             memory, usage = written.memory, written.usage
-            self._written(
-                (memory.tier, scope.owner(memory.tier)),
-                written,
-                lambda p, g: self._changed(p, memory, memory, g, usage),
-            )
+            key = (memory.tier, scope.owner(memory.tier))
+            self._written(key, written, lambda p, g: self._changed(p, memory, memory, g, usage))
+            if self.semantic is not None:
+                self.semantic.written(
+                    key,
+                    written.previous,
+                    written.generation,
+                    memory.seq,
+                    held,
+                    content_changed=content is not None,
+                )
         return memory, usage
 
     def delete(
@@ -419,11 +499,10 @@ class MemoryEngine:
         with self._writing(keys):
             written = self._store.delete(scope, memory_id, still_wanted=still_wanted)
             memory, usage = written.memory, written.usage
-            self._written(
-                (memory.tier, scope.owner(memory.tier)),
-                written,
-                lambda p, g: self._changed(p, memory, None, g, usage),
-            )
+            key = (memory.tier, scope.owner(memory.tier))
+            self._written(key, written, lambda p, g: self._changed(p, memory, None, g, usage))
+            if self.semantic is not None:
+                self.semantic.removed(key, written.previous, written.generation, memory.seq)
         return memory, usage
 
     # --- reads --------------------------------------------------------------
@@ -452,15 +531,33 @@ class MemoryEngine:
         keys = [(tier, scope.owner(tier)) for tier in tiers]
         self._verify(keys)
         partitions = [self._partition(key) for key in keys]
-        hits = rank(
+        settings = self.settings(scope)
+        return rank(
             partitions,
             keywords([query]),
-            _weights(self.settings(scope)),
+            _weights(settings),
             match_all=match_all,
             category=category,
             limit=limit,
+            semantic=None if match_all else self._meaning(settings, query, partitions),
         )
-        return hits
+
+    def _meaning(
+        self, settings: AgentSettings, text: str, partitions: Sequence[AnyPartition]
+    ) -> SemanticScores | None:
+        """The query's cosines with the partitions' entries, for rank(); None
+        without semantic retrieval (or with semantic_weight 0: off for this
+        agent), or when the query could not be embedded."""
+        if self.semantic is None or not settings.semantic_weight or not text.strip():
+            return None
+        query: Floats | None = self.semantic.query(text)
+        if query is None:
+            return None
+        return SemanticScores(
+            self.semantic.similarities(partitions, query),
+            settings.semantic_weight,
+            settings.semantic_min_similarity,
+        )
 
     def _partition(self, key: PartitionKey, *, force: bool = False) -> AnyPartition:
         """The partition as of its current generation, loaded at most once."""
@@ -599,12 +696,24 @@ class MemoryEngine:
             partitions = tuple(
                 self._partition((tier, scope.owner(tier)), force=force) for tier in Tier
             )
+            if all(p.generation == 0 and not p.count for p in partitions):
+                return self._empty_view(settings)
             view = self._build_view(scope, partitions, settings)
             self._views[key] = view
             return view
 
+    def _empty_view(self, settings: AgentSettings) -> View:
+        """The view of every scope with nothing ever written (generation 0,
+        no rows: a migrated partition may hold rows at generation 0), under
+        these settings. Built once; kept for good (one per distinct settings)."""
+        view = self._empty_views.get(settings)
+        if view is None:
+            view = self._build_view(None, _STAND_INS, settings)
+            view = self._empty_views.setdefault(settings, view)
+        return view
+
     def _build_view(
-        self, scope: Scope, partitions: tuple[AnyPartition, ...], settings: AgentSettings
+        self, scope: Scope | None, partitions: tuple[AnyPartition, ...], settings: AgentSettings
     ) -> View:
         parts: list[blocks.TierBlock | None] = []
         if settings.inject_system_block:
@@ -715,12 +824,16 @@ class MemoryEngine:
         settings = self.settings(scope)
         if self.feed is not None and not self.feed.verified:
             self._verify([(tier, scope.owner(tier)) for tier in Tier])
-        session = self._sessions.get((scope.user_id, session_id), scope.agent_id, self._now())
+        session = self._sessions.get(_session_key(scope, session_id), scope.agent_id, self._now())
         view = session.view
         frozen = settings.snapshot_refresh == "on_compaction"
         # Which of the view's partitions are still current, looked up once.
-        fresh = [self._is_fresh(p) for p in view.partitions] if view is not None else []
-        hit = view is not None and view.scope == scope and (frozen or all(fresh))
+        fresh = self._fresh(view, scope) if view is not None else []
+        hit = (
+            view is not None
+            and (view.scope is None or view.scope == scope)
+            and (frozen or all(fresh))
+        )
         if not hit:
             epoch, compacted = session.epoch, session.compacted
             view = self._view(scope, settings, force=compacted)
@@ -732,7 +845,7 @@ class MemoryEngine:
         # The turn block always reflects the store as of now (under
         # on_compaction too: only the frozen block waits for compaction).
         current = {
-            p.tier: p if ok else self._partition((p.tier, p.owner))
+            p.tier: p if ok else self._partition((p.tier, scope.owner(p.tier)))
             for p, ok in zip(view.partitions, fresh, strict=True)
         }
         turn_ids: list[str] = []
@@ -758,9 +871,15 @@ class MemoryEngine:
             # block does: a compact tier reads every entry ranked.
             depth = cap
             deepest = cap + blocks.MAX_SKIPPED
+            meaning = self._meaning(settings, user_message, enabled)
             while True:
                 ranked = rank(
-                    enabled, terms, _weights(settings), limit=depth, leave_out=view.shown_seqs
+                    enabled,
+                    terms,
+                    _weights(settings),
+                    limit=depth,
+                    leave_out=view.shown_seqs,
+                    semantic=meaning,
                 )
                 elements.clear()
                 turn_ids.clear()
@@ -842,13 +961,13 @@ class MemoryEngine:
         return keywords([*texts, *given])
 
     def notify_compaction(self, scope: Scope, session_id: str) -> bool:
-        invalidated = self._sessions.invalidate((scope.user_id, session_id), scope.agent_id)
+        invalidated = self._sessions.invalidate(_session_key(scope, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
         return invalidated
 
     def end_session(self, scope: Scope, session_id: str) -> bool:
-        dropped = self._sessions.drop((scope.user_id, session_id), scope.agent_id)
+        dropped = self._sessions.drop(_session_key(scope, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
         return dropped
@@ -870,8 +989,15 @@ class MemoryEngine:
         # Views still in use: the shared ones, and any a session still holds
         # (a cached turn touches neither the LRU nor its partitions' keys).
         views = [view for ref in self._views.valuerefs() if (view := ref()) is not None]
-        views += self._sessions.views()
         held = {(p.tier, p.owner) for view in views for p in view.partitions}
+        for agent_id, key, view in self._sessions.views():
+            if view.scope is not None:
+                held.update((p.tier, p.owner) for p in view.partitions)
+            else:
+                # The shared empty view stands for the session's own scope's
+                # partitions: news of a write to them must still be heard.
+                scope = _session_scope(agent_id, key)
+                held.update((tier, scope.owner(tier)) for tier in Tier)
         self._partitions.expire(now - self._partition_ttl, keep=held)
         self._generations.retain(held.union(self._partitions.keys()))
         return evicted

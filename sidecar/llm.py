@@ -30,12 +30,21 @@ PROMPT = (
 _MAX_REPLY_BYTES = 1024 * 1024
 
 
-class KeywordModelError(Exception):
-    """The model could not give keywords; `reason` is a bounded label."""
+class ModelError(Exception):
+    """A model endpoint (or a local model) could not answer.
+
+    `reason` is a bounded label for metrics ('timeout', 'unreachable',
+    'http_error', 'bad_reply', ...); `detail` is for logs.
+    """
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.detail = detail
+
+
+class KeywordModelError(ModelError):
+    """The model could not give keywords; `reason` is a bounded label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +69,17 @@ class KeywordModel:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        raw = self._post("/chat/completions", body, headers)
+        try:
+            raw = post_json(
+                self.base_url,
+                "/chat/completions",
+                body,
+                headers,
+                timeout_seconds=self.timeout_seconds,
+                max_reply_bytes=_MAX_REPLY_BYTES,
+            )
+        except ModelError as exc:
+            raise KeywordModelError(exc.reason, exc.detail) from None
         try:
             reply = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -76,79 +95,88 @@ class KeywordModel:
             raise KeywordModelError("empty", "the reply held no usable keywords")
         return found
 
-    def _post(self, suffix: str, body: bytes, headers: dict[str, str]) -> bytes:
-        """POST to base_url + suffix and read the whole reply within
-        timeout_seconds in all.
 
-        A socket timeout bounds each read, not the call: an endpoint that
-        trickles a byte at a time kept a turn waiting 7.5 s with a 1 s
-        timeout. A timer shuts the socket down at the deadline, which ends
-        whatever read is waiting. Every failure is a KeywordModelError, so
-        the turn falls back to local keywords.
-        """
-        timeout = f"no complete reply within {self.timeout_seconds:g} s"
-        lock = threading.Lock()
-        state = {"expired": False, "done": False}
-        sockets: list[socket.socket] = []
+def post_json(
+    base_url: str,
+    suffix: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    timeout_seconds: float,
+    max_reply_bytes: int,
+) -> bytes:
+    """POST `body` to base_url + suffix and return the reply body, read
+    whole within timeout_seconds in all.
 
-        def expire() -> None:
-            with lock:
-                if state["done"]:
-                    return
-                state["expired"] = True
-                for sock in sockets:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+    A socket timeout bounds each read, not the call: an endpoint that
+    trickles a byte at a time kept a turn waiting 7.5 s with a 1 s
+    timeout. A timer shuts the socket down at the deadline, which ends
+    whatever read is waiting. Every failure (a bad URL, no connection, the
+    deadline, a status other than 200, a reply over max_reply_bytes) is a
+    ModelError with a bounded `reason`, so callers can fall back and count
+    why. Shared by the keyword model and the embedding endpoint.
+    """
+    timeout = f"no complete reply within {timeout_seconds:g} s"
+    lock = threading.Lock()
+    state = {"expired": False, "done": False}
+    sockets: list[socket.socket] = []
 
-        timer = threading.Timer(self.timeout_seconds, expire)
-        timer.daemon = True
-        connection: http.client.HTTPConnection | None = None
-        try:
-            parts = urllib.parse.urlsplit(self.base_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise KeywordModelError("unreachable", f"not an http(s) URL: {self.base_url}")
-            path = parts.path.rstrip("/") + suffix + (f"?{parts.query}" if parts.query else "")
-            connection_type = (
-                http.client.HTTPSConnection
-                if parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            connection = connection_type(parts.hostname, parts.port, timeout=self.timeout_seconds)
-            timer.start()
-            connection.connect()
-            with lock:
-                # The socket, kept: http.client hands it to the response and
-                # drops its own reference once the reply headers are in.
-                if connection.sock is not None:
-                    sockets.append(connection.sock)
-                if state["expired"]:  # the deadline passed while connecting
-                    raise TimeoutError
-            connection.request("POST", path, body=body, headers=headers)
-            response = connection.getresponse()
-            with response:
-                data = response.read(_MAX_REPLY_BYTES + 1)
-            status = response.status
-            if state["expired"]:
+    def expire() -> None:
+        with lock:
+            if state["done"]:
+                return
+            state["expired"] = True
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout_seconds, expire)
+    timer.daemon = True
+    connection: http.client.HTTPConnection | None = None
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ModelError("unreachable", f"not an http(s) URL: {base_url}")
+        path = parts.path.rstrip("/") + suffix + (f"?{parts.query}" if parts.query else "")
+        connection_type = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        connection = connection_type(parts.hostname, parts.port, timeout=timeout_seconds)
+        timer.start()
+        connection.connect()
+        with lock:
+            # The socket, kept: http.client hands it to the response and
+            # drops its own reference once the reply headers are in.
+            if connection.sock is not None:
+                sockets.append(connection.sock)
+            if state["expired"]:  # the deadline passed while connecting
                 raise TimeoutError
-        except KeywordModelError:
-            raise
-        except TimeoutError:
-            raise KeywordModelError("timeout", timeout) from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            # ValueError: a bad port or header value, an unencodable host,
-            # or an SSL socket read after the timer shut it down.
-            if state["expired"]:
-                raise KeywordModelError("timeout", timeout) from None
-            reason = "bad_reply" if isinstance(exc, http.client.HTTPException) else "unreachable"
-            raise KeywordModelError(reason, str(exc) or type(exc).__name__) from None
-        finally:
-            with lock:
-                state["done"] = True
-            timer.cancel()
-            if connection is not None:
-                connection.close()
-        if status != 200:
-            raise KeywordModelError("http_error", f"HTTP {status}")
-        if len(data) > _MAX_REPLY_BYTES:
-            raise KeywordModelError("bad_reply", f"reply over {_MAX_REPLY_BYTES:,} bytes")
-        return data
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        with response:
+            data = response.read(max_reply_bytes + 1)
+        status = response.status
+        if state["expired"]:
+            raise TimeoutError
+    except ModelError:
+        raise
+    except TimeoutError:
+        raise ModelError("timeout", timeout) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # ValueError: a bad port or header value, an unencodable host,
+        # or an SSL socket read after the timer shut it down.
+        if state["expired"]:
+            raise ModelError("timeout", timeout) from None
+        reason = "bad_reply" if isinstance(exc, http.client.HTTPException) else "unreachable"
+        raise ModelError(reason, str(exc) or type(exc).__name__) from None
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        if connection is not None:
+            connection.close()
+    if status != 200:
+        raise ModelError("http_error", f"HTTP {status}")
+    if len(data) > max_reply_bytes:
+        raise ModelError("bad_reply", f"reply over {max_reply_bytes:,} bytes")
+    return data

@@ -111,6 +111,20 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.semantic_fallbacks = Counter(
+            "memory_semantic_fallbacks",
+            "Embeddings the encoder could not give (server.semantic_encoder): queries "
+            "then ranked lexically, writes stored without a vector and embedded later.",
+            ["operation", "reason"],
+            registry=r,
+        )
+        self.semantic_seconds = Histogram(
+            "memory_semantic_encode_duration_seconds",
+            "Time to embed a query, a written entry, or a backfill batch.",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.db_queries = Counter(
             "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
         )

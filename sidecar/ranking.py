@@ -258,8 +258,9 @@ class Partition:
     ) -> Partition:
         if not memories:
             # Most tiers of most agents are empty: they share every column
-            # (nothing ever writes into one in place), so an empty partition
-            # costs one small object.
+            # (nothing ever writes into one in place) and, when it is nil,
+            # their usage, so an empty partition costs one small object.
+            usage = _NO_USAGE if usage == _NO_USAGE else usage
             return cls(
                 tier, owner, generation, (), usage, (), (), _NO_POSTINGS,
                 _NO_WEIGHTS, _NO_WEIGHTS, _NO_INDICES, _NO_FLAGS,
@@ -472,6 +473,16 @@ class Ranked(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class SemanticScores:
+    """A query's cosines for rank(): one per position of the partitions end
+    to end, the blend's weight, and the floor for a match by meaning alone."""
+
+    cosines: FloatArray
+    weight: float
+    floor: float
+
+
+@dataclass(frozen=True, slots=True)
 class Weights:
     similarity: float = 0.6
     confidence: float = 0.4
@@ -487,6 +498,7 @@ def rank(
     limit: int | None = None,
     vectorized: bool | None = None,
     leave_out: frozenset[int] = frozenset(),
+    semantic: SemanticScores | None = None,
 ) -> list[tuple[Memory, float]]:
     """The best `limit` matching memories (all with None) and their scores,
     leaving out the entries whose seqs are in `leave_out` (those the frozen
@@ -502,8 +514,18 @@ def rank(
     (tests/test_ranking.py); `vectorized` forces one for those tests. Compact
     partitions are always scored in arrays, and only the entries returned
     are read (from the database); an entry removed in between is left out.
+
+    With `semantic` (sidecar.semantic), similarity blends BM25 with each
+    entry's cosine to the query, and an entry matching no keyword matches
+    when its cosine reaches the floor. match_all ignores it: all keywords
+    must then match, as without; so does a query without keywords (only
+    stop words), which ranks everything by confidence, as without.
     """
+    if match_all or not keywords:
+        semantic = None
     plain = [p for p in partitions if isinstance(p, Partition)]
+    if semantic is not None:
+        vectorized = True
     if vectorized is None:
         vectorized = len(plain) < len(partitions) or sum(p.count for p in plain) > VECTORIZE_FROM
     if not vectorized:
@@ -541,7 +563,7 @@ def rank(
         found = [k for k in ordered if int(seq[k]) not in leave_out] if leave_out else ordered
         return [int(k) for k in found][:limit]
 
-    if not keywords:
+    if not keywords and semantic is None:
         recency = _joined([p.recency for p in partitions])
         if deeper is None:
             order = np.lexsort((seq, -recency, -confidence))
@@ -567,16 +589,20 @@ def rank(
             if matched is not None:
                 matched[at] += 1
     hit = bm25 > 0 if matched is None else matched >= len(unique)
+    if semantic is not None:
+        hit |= semantic.cosines >= semantic.floor
     if keep is not None:
         hit &= keep
     candidates = np.nonzero(hit)[0]
     if not len(candidates):
         return []
     best = float(bm25[candidates].max())
-    blended = (
-        weights.similarity * (bm25[candidates] / best)
-        + weights.confidence * (confidence[candidates])
-    )
+    similarity = bm25[candidates] / best if best > 0 else bm25[candidates]
+    if semantic is not None:
+        similarity = (1 - semantic.weight) * similarity + semantic.weight * np.maximum(
+            semantic.cosines[candidates], 0.0
+        )
+    blended = weights.similarity * similarity + weights.confidence * (confidence[candidates])
     if deeper is not None and len(candidates) > deeper:
         # Everything scoring at least the deeper-th best, ties included, then
         # the exact order (score, then insertion) on that small set.
@@ -711,3 +737,4 @@ for _empty in (_NO_INDICES, _NO_WEIGHTS):
 # Shared by every empty partition: never written (every change copies).
 _NO_POSTINGS: dict[str, tuple[IntArray, FloatArray]] = {}
 _NO_FLAGS: dict[str, str] = {}
+_NO_USAGE = Usage()

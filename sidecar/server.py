@@ -26,6 +26,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
 from sidecar.metrics import Metrics
+from sidecar.semantic import encoder_for
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
 
@@ -139,7 +140,13 @@ class Sidecar:
         self.config = config
         self.store = store
         self.metrics = metrics or Metrics()
-        self.engine = engine or MemoryEngine(config, store, metrics=self.metrics, changes=True)
+        self.engine = engine or MemoryEngine(
+            config,
+            store,
+            metrics=self.metrics,
+            changes=True,
+            encoder=encoder_for(config.server),
+        )
         self.health = health.HealthServicer()
         workers = config.server.max_workers
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
@@ -247,6 +254,8 @@ class Sidecar:
         if self._health_server is not None:
             self._health_server.start()
         self._janitor.start()
+        if self.engine.semantic is not None:
+            self.engine.semantic.start()  # embeds entries stored without a vector
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return Addresses(api=api, health=health_address, metrics=metrics_address)
@@ -267,6 +276,8 @@ class Sidecar:
         self._api.stop(grace).wait()
         if self.engine.feed is not None:
             self.engine.feed.stop()
+        if self.engine.semantic is not None:
+            self.engine.semantic.stop()
         self._close_listeners()
         if self._tracing is not None:
             self.store.trace(None)

@@ -13,15 +13,21 @@ snapshot happens outside it. Nothing is kept for an agent without sessions.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
+# A session's id within its agent: any hashable (the engine uses the
+# runtime's session id, with the scope's user_id when there is one).
+SessionId = Hashable
+
 
 @dataclass(slots=True)
 class Session(Generic[V]):
+    # Its id within its agent (an agent with one session keeps it bare).
+    key: SessionId
     view: V | None
     last_used: float
     # Set by compaction: the next snapshot is read afresh from the database.
@@ -36,9 +42,10 @@ class Limits:
     max_sessions: int
 
 
-# A session's id within its agent: any hashable (the engine uses the
-# runtime's session id with the scope's user_id).
-SessionId = Hashable
+# An agent's sessions: the one session itself, or by id in least-recently-used
+# order. Most agents hold one session (one conversation): a dict for it would
+# cost more than the session (about 220 bytes against 80).
+_Sessions = Session[V] | dict[SessionId, Session[V]]
 
 
 class SessionTable(Generic[V]):
@@ -52,7 +59,9 @@ class SessionTable(Generic[V]):
     is told how many sessions eviction removed.
 
     Plain dicts keep both orders (an entry moves to the end by being popped
-    and put back): an OrderedDict costs twice the memory per agent.
+    and put back): an OrderedDict costs twice the memory per agent. An agent
+    with a single session maps to that session, with no dict of its own
+    (see _Sessions); a second session turns it into a dict, for good.
     """
 
     def __init__(
@@ -66,7 +75,7 @@ class SessionTable(Generic[V]):
         self._on_evict = on_evict
         self._lock = threading.Lock()
         # Agents in least-recently-used order, each with its sessions in theirs.
-        self._agents: dict[str, dict[SessionId, Session[V]]] = {}
+        self._agents: dict[str, _Sessions[V]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -81,20 +90,32 @@ class SessionTable(Generic[V]):
         with self._lock:
             sessions = self._agents.pop(agent_id, None)
             if sessions is None:
-                sessions = {}
-            self._agents[agent_id] = sessions
-            session = sessions.pop(session_id, None)
-            if session is None:
-                session = Session(None, now)
+                # A new agent: its one session needs no dict (nor a cap check:
+                # every cap is at least 1).
+                session: Session[V] = Session(session_id, None, now)
+                self._agents[agent_id] = session
                 self._count += 1
-            else:
+            elif not isinstance(sessions, dict) and sessions.key == session_id:
+                session = sessions
                 session.last_used = now
-            sessions[session_id] = session
+                self._agents[agent_id] = session
+            else:
+                if not isinstance(sessions, dict):
+                    sessions = {sessions.key: sessions}
+                self._agents[agent_id] = sessions
+                found = sessions.pop(session_id, None)
+                if found is None:
+                    session = Session(session_id, None, now)
+                    self._count += 1
+                else:
+                    session = found
+                    session.last_used = now
+                sessions[session_id] = session
             # Only the caps are enforced here, and only when exceeded; idle
             # sessions go in evict_idle, which the janitor runs periodically.
             # A cached turn then pays no scan of the table.
             evicted = 0
-            if len(sessions) > self._limits(agent_id).max_sessions:
+            if isinstance(sessions, dict) and len(sessions) > self._limits(agent_id).max_sessions:
                 evicted += self._evict_agent(agent_id, now, keep=session_id)
             while self._count > self._max_total:
                 if not self._evict_least_recent(keep=(agent_id, session_id)):
@@ -107,8 +128,7 @@ class SessionTable(Generic[V]):
     def invalidate(self, session_id: SessionId, agent_id: str) -> bool:
         """Forget a session's snapshot (it is rebuilt on its next turn)."""
         with self._lock:
-            sessions = self._agents.get(agent_id)
-            session = sessions.get(session_id) if sessions is not None else None
+            session = self._find(session_id, agent_id)
             if session is None:
                 return False
             had_view = session.view is not None
@@ -131,20 +151,28 @@ class SessionTable(Generic[V]):
         """End an agent's session; the same id later starts afresh."""
         with self._lock:
             sessions = self._agents.get(agent_id)
-            if sessions is None or sessions.pop(session_id, None) is None:
+            if sessions is None:
+                return False
+            if isinstance(sessions, dict):
+                if sessions.pop(session_id, None) is None:
+                    return False
+                if not sessions:
+                    del self._agents[agent_id]
+            elif sessions.key == session_id:
+                del self._agents[agent_id]
+            else:
                 return False
             self._count -= 1
-            if not sessions:
-                del self._agents[agent_id]
             return True
 
-    def views(self) -> list[V]:
-        """The views sessions hold (for the janitor: a scan of every session)."""
+    def views(self) -> list[tuple[str, SessionId, V]]:
+        """(agent_id, session_id, view) of every session holding a view (for
+        the janitor: a scan of every session)."""
         with self._lock:
             return [
-                s.view
-                for sessions in self._agents.values()
-                for s in sessions.values()
+                (agent_id, s.key, s.view)
+                for agent_id, sessions in self._agents.items()
+                for s in _each(sessions)
                 if s.view is not None
             ]
 
@@ -158,11 +186,23 @@ class SessionTable(Generic[V]):
 
     # --- under the lock -----------------------------------------------------
 
+    def _find(self, session_id: SessionId, agent_id: str) -> Session[V] | None:
+        sessions = self._agents.get(agent_id)
+        if isinstance(sessions, dict):
+            return sessions.get(session_id)
+        return sessions if sessions is not None and sessions.key == session_id else None
+
     def _evict_agent(self, agent_id: str, now: float, keep: SessionId | None = None) -> int:
         sessions = self._agents.get(agent_id)
-        if not sessions:
+        if sessions is None:
             return 0
         limits = self._limits(agent_id)
+        if not isinstance(sessions, dict):
+            if sessions.key == keep or now - sessions.last_used < limits.idle_ttl_seconds:
+                return 0
+            del self._agents[agent_id]
+            self._count -= 1
+            return 1
         evicted = 0
         # Oldest first: the front of the dict is the least recently used.
         while sessions:
@@ -182,11 +222,22 @@ class SessionTable(Generic[V]):
     def _evict_least_recent(self, keep: tuple[str, SessionId]) -> bool:
         """Evict one session of the least recently used agent (never `keep`)."""
         for agent_id, sessions in self._agents.items():
-            for session_id in sessions:
-                if (agent_id, session_id) != keep:
-                    del sessions[session_id]
-                    self._count -= 1
-                    if not sessions:
+            for session in _each(sessions):
+                if (agent_id, session.key) != keep:
+                    if isinstance(sessions, dict):
+                        del sessions[session.key]
+                        if not sessions:
+                            del self._agents[agent_id]
+                    else:
                         del self._agents[agent_id]
+                    self._count -= 1
                     return True
         return False
+
+
+def _each(sessions: _Sessions[V]) -> Iterator[Session[V]]:
+    """An agent's sessions, least recently used first."""
+    if isinstance(sessions, dict):
+        yield from sessions.values()
+    else:
+        yield sessions

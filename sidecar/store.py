@@ -71,6 +71,14 @@ class LegacyEntry:
     created_at_micros: int
 
 
+class Vector(NamedTuple):
+    """An entry's embedding as stored: the encoder's name and its float16
+    components (sidecar.embedding)."""
+
+    model: str
+    data: bytes
+
+
 class Written(NamedTuple):
     """What a write did: the entry, the tier's usage after, and the generations
     of its partition before and after (equal when nothing changed)."""
@@ -409,6 +417,7 @@ class Store:
         *,
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
+        vector: Vector | None = None,
     ) -> Written:
         """Store an entry; say what was stored and whether it is new.
 
@@ -436,6 +445,9 @@ class Store:
             added = len(content) + (SEPARATOR_CHARS if state.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
             row = self._insert(str(uuid.uuid4()), owner, tier, content, category, confidence, now)
+            if vector is not None:
+                digest = _sqlite.content_digest(content)
+                self._backend.put_vector(row.seq, vector.model, digest, vector.data)
             self._remember(owner, tier, idempotency_key, row.memory_id, content, now)
             after = state._replace(
                 content_chars=state.content_chars + len(content),
@@ -454,8 +466,10 @@ class Store:
         category: str | None = None,
         confidence: float | None = None,
         still_wanted: Wanted | None = None,
+        vector: Vector | None = None,
     ) -> Written:
-        """Change the given fields of an entry of this scope.
+        """Change the given fields of an entry of this scope (`vector`: the
+        new content's embedding, stored if the content changes).
 
         Content identical to another entry of the same tier is refused
         (ALREADY_EXISTS, naming that entry): two entries never say the same.
@@ -484,6 +498,9 @@ class Store:
                 if delta > 0:
                     _check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
                 row = row._replace(content=content, content_chars=len(content))
+                if vector is not None:
+                    digest = _sqlite.content_digest(content)
+                    self._backend.put_vector(row.seq, vector.model, digest, vector.data)
             if category is not None:
                 row = row._replace(category=category)
             if confidence is not None:
@@ -701,6 +718,36 @@ class Store:
         with self._guard(), self._db.connection_context():
             found = {r.seq: _to_memory(r) for r in self._records_by_seq(owner, tier, seqs)}
         return [found[s] for s in seqs if s in found]
+
+    # --- embeddings -----------------------------------------------------------
+
+    def vectors(self, tier: Tier, owner: str, model: str) -> tuple[list[int], list[bytes]]:
+        """The seqs (ascending) of the partition's entries that have a
+        current vector of this model, and those vectors, from one snapshot."""
+        seqs: list[int] = []
+        data: list[bytes] = []
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            for rows in self._backend.vectors(owner, tier.value, model):
+                for seq, vector in rows:
+                    seqs.append(int(seq))
+                    data.append(bytes(vector))
+        return seqs, data
+
+    def unembedded(self, model: str, after: int, limit: int) -> list[tuple[int, str, str]]:
+        """(seq, content, digest) of up to `limit` entries after seq `after`
+        that lack a vector of this model for their current content."""
+        with self._guard(), self._db.connection_context():
+            rows = self._backend.unembedded(model, after, limit)
+        return [(int(seq), str(content), str(digest)) for seq, content, digest in rows]
+
+    def put_vectors(self, model: str, vectors: Sequence[tuple[int, str, bytes]]) -> None:
+        """Store (seq, digest, vector) rows computed apart from any write;
+        a row whose entry is gone or now says something else is skipped."""
+        if not vectors:
+            return
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            for seq, digest, data in vectors:
+                self._backend.put_vector_if_current(seq, model, digest, data)
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         with self._guard(), self._db.connection_context():

@@ -149,3 +149,53 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "defaults.max_inject_memories" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ("server: {semantic_encoder: magic}", "server.semantic_encoder", "one of off, local"),
+        (
+            "server: {semantic_encoder: endpoint, semantic_model: m}",
+            "server.semantic_base_url",
+            "required",
+        ),
+        (
+            "server: {semantic_encoder: endpoint, semantic_base_url: 'http://x/v1'}",
+            "server.semantic_model",
+            "required",
+        ),
+        (
+            "server: {semantic_encoder: local, semantic_model_dir: /nonexistent/model}",
+            "server.semantic_encoder",
+            "",
+        ),
+        (
+            "server: {semantic_encoder: endpoint, semantic_base_url: 'http://x/v1',"
+            " semantic_model: m, semantic_api_key_env: NO_SUCH_KEY}",
+            "server.semantic_api_key_env",
+            "NO_SUCH_KEY is not set",
+        ),
+        ("agents: {a: {semantic_weight: 2}}", "agents.a.semantic_weight", "between 0 and 1"),
+    ],
+)
+def test_semantic_settings_are_checked_at_start(
+    tmp_path: Path, text: str, key: str, problem: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        config.load(path, environ={})
+    assert raised.value.key == key
+    assert problem in str(raised.value)
+
+
+def test_the_semantic_api_key_is_resolved_and_never_printed(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "server: {semantic_encoder: endpoint, semantic_base_url: 'http://x/v1',"
+        " semantic_model: m, semantic_api_key_env: EMBED_KEY}"
+    )
+    loaded = config.load(path, environ={"EMBED_KEY": "s3cret-key"})
+    assert loaded.server.semantic_api_key == "s3cret-key"
+    assert "s3cret-key" not in repr(loaded)

@@ -47,7 +47,7 @@ def test_schema_1_rows_all_become_agent_notes(tmp_path: Path, make_sidecar: Make
 
     running = make_sidecar()
 
-    assert running.store.schema_version() == SCHEMA_VERSION == 5
+    assert running.store.schema_version() == SCHEMA_VERSION == 6
     seen: dict[str, pb.Memory] = {}
     owner: dict[str, str] = {}
     for agent in ("coder", "writer", ""):
@@ -90,14 +90,14 @@ def test_migration_is_recorded_and_runs_once(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     build_schema_1(path)
     store = Store(str(path))
-    assert store.open() == 5
+    assert store.open() == SCHEMA_VERSION
     store.close()
     store = Store(str(path))
-    assert store.open() == 5
+    assert store.open() == SCHEMA_VERSION
     assert store.integrity_check() == "ok"
     store.close()
     with sqlite_file(path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(5,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         # Schema 4 sums each partition once, into its state row.
         assert (
             conn.execute(

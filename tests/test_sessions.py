@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,7 @@ from sidecar.engine import MemoryEngine, Stats
 from sidecar.memory import Scope, Tier
 from sidecar.metrics import Metrics
 from sidecar.sessions import Limits, SessionTable
-from sidecar.store import Store
+from sidecar.store import Store, TierPolicy
 from tests.conftest import MakeSidecar
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
@@ -37,7 +39,7 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
     """An engine over a real store, with a clock the test moves by hand."""
     stores: list[Store] = []
 
-    def make(yaml_text: str = "") -> tuple[MemoryEngine, Clock, Metrics]:
+    def make(yaml_text: str = "", *, changes: bool = False) -> tuple[MemoryEngine, Clock, Metrics]:
         path = tmp_path / "config.yaml"
         path.write_text(yaml_text)
         cfg = config.load(path, environ={})
@@ -46,7 +48,8 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
         store.open()
         stores.append(store)
         clock = Clock()
-        return MemoryEngine(cfg, store, metrics=metrics, now=clock), clock, metrics
+        engine = MemoryEngine(cfg, store, metrics=metrics, now=clock, changes=changes)
+        return engine, clock, metrics
 
     yield make
     for store in stores:
@@ -138,6 +141,85 @@ def test_nothing_is_kept_for_agents_whose_sessions_are_gone(make_engine: MakeEng
     clock.now = 11
     assert engine.evict_idle() == 200
     assert engine.stats() == Stats(sessions=0, views=0, partitions=0, agents=0, followed=0)
+
+
+def test_new_agents_with_nothing_stored_cost_little_and_share_one_snapshot(
+    make_engine: MakeEngine,
+) -> None:
+    """Issue 10: a flood of new agents (one session each, nothing stored) costs
+    a session each, not a snapshot, an empty partition or a dict of sessions."""
+    # A one-entry partition cache: what it holds is bounded whatever the count.
+    engine, clock, _ = make_engine(
+        "defaults: {session_idle_ttl_seconds: 10}\nserver: {partition_cache_size: 1}"
+    )
+    agents = [Scope(agent_id=f"agent-{n}") for n in range(2000)]
+    engine.inject(Scope(agent_id="warm-up"), "s")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        snapshots = {id(engine.inject(scope, "s").snapshot) for scope in agents}
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # About 230 bytes each (a session, a followed partition key); a snapshot or
+    # a dict of sessions per agent would add 220 bytes or more.
+    assert grown / len(agents) < 400
+    assert len(snapshots) == 1
+    stats = engine.stats()
+    assert (stats.sessions, stats.agents, stats.views) == (2001, 2001, 0)
+    # Each agent's tier stays followed (a write by another process must be
+    # heard); the user tier of user_id "" is one for all.
+    assert stats.followed == 2001 + 1
+    engine.evict_idle()
+    assert engine.stats().followed == stats.followed
+    assert engine.inject(agents[0], "s").cache_hit
+    clock.now = 11
+    assert engine.evict_idle() == 2001
+    assert engine.stats() == Stats(sessions=0, views=0, partitions=0, agents=0, followed=0)
+
+
+@pytest.mark.parametrize("tier", list(Tier))
+def test_another_process_writing_a_never_written_tier_is_seen_on_the_next_turn(
+    make_engine: MakeEngine, tmp_path: Path, tier: Tier
+) -> None:
+    # Sessions of scopes with nothing written share one snapshot: news of a
+    # write to this scope's tier must still reach this session, and only it.
+    engine, _, metrics = make_engine("server: {partition_cache_size: 1}", changes=True)
+    feed = engine.feed
+    assert feed is not None
+    feed.run_once()  # verified: cached turns trust the feed, reading nothing
+    other = Scope(agent_id="other", user_id="bob")
+    assert engine.inject(SCOPE, "s").system_block == ""
+    assert engine.inject(other, "s").system_block == ""
+    assert engine.inject(SCOPE, "s").snapshot is engine.inject(other, "s").snapshot
+    engine.evict_idle()  # the janitor keeps following what sessions hold
+
+    def selects() -> float:
+        return (
+            metrics.registry.get_sample_value("memory_db_queries_total", {"operation": "select"})
+            or 0.0
+        )
+
+    before = selects()
+    assert engine.inject(SCOPE, "s").cache_hit
+    assert selects() == before
+
+    writer = Store(str(tmp_path / "m.db"))
+    writer.open()
+    try:
+        writer.add(SCOPE, tier, "written elsewhere", "", 1.0, TierPolicy(2200))
+    finally:
+        writer.close()
+    feed.run_once()
+    turn = engine.inject(SCOPE, "s")
+    assert not turn.cache_hit
+    assert "written elsewhere" in turn.system_block
+    assert engine.inject(SCOPE, "s").cache_hit
+    # The other scope's session still holds the shared snapshot.
+    assert engine.inject(other, "s").cache_hit
+    assert engine.inject(other, "s").system_block == ""
 
 
 def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> None:
