@@ -80,10 +80,14 @@ class Daemon:
 
 @contextmanager
 def daemon(
-    db: Path, config: str = "", listen: str = "127.0.0.1:0", dsn: str = ""
+    db: Path,
+    config: str = "",
+    listen: str = "127.0.0.1:0",
+    dsn: str = "",
+    env: dict[str, str] | None = None,
 ) -> Iterator[Daemon]:
     """A daemon on the SQLite file `db`, or on PostgreSQL at `dsn` (its
-    config file then still goes beside `db`)."""
+    config file then still goes beside `db`), with `env` added to ours."""
     path = db.parent / f"{db.stem}.yaml"
     path.write_text(config or "{}\n")
     process = subprocess.Popen(
@@ -104,7 +108,7 @@ def daemon(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     assert process.stderr is not None
     running = None
@@ -966,7 +970,9 @@ def bench_large_tiers(report: Report, work: Path, corpus: Corpus, sizes: list[in
 
 def bench_retrieval(report: Report) -> None:
     from bench import retrieval
+    from sidecar.embedding import LocalEncoder
 
+    encoder = LocalEncoder()
     rows: list[Row] = []
     for label, names in (
         ("tuning sets", retrieval.TUNING),
@@ -975,6 +981,7 @@ def bench_retrieval(report: Report) -> None:
         sets = retrieval.load(names)
         plain = retrieval.found(sets, retrieval.plain_bm25)
         ours = retrieval.found(sets, retrieval.ours)
+        hybrid = retrieval.found(sets, retrieval.hybrid(encoder))
         questions = sum(len(s.questions) for s in sets)
         for kind in sorted(ours, key=lambda k: (k != "all", k)):
             rows.append(
@@ -984,16 +991,135 @@ def bench_retrieval(report: Report) -> None:
                     str(questions) if kind == "all" else "",
                     f"{plain[kind]:.1%}",
                     f"{ours[kind]:.1%}",
+                    f"{hybrid[kind]:.1%}",
                 ]
             )
+            if kind == "all":
+                report.figures.setdefault("retrieval", {})[label] = {
+                    "plain_bm25": round(plain[kind], 4),
+                    "lexical": round(ours[kind], 4),
+                    "hybrid": round(hybrid[kind], 4),
+                }
     report.add(
         "14. Retrieval quality",
         "Share of questions whose evidence turns are all in the top 10 of a search, on the "
         "multi-session conversations in bench/relevance/ (every turn one memory, created at "
         "its session's date), by kind of question. The baseline is plain BM25 with the seed's "
         "tokenizer over the same memories. BM25 parameters were chosen on the tuning sets "
-        "only (`python -m bench.retrieval --grid`).",
-        ["sets", "questions", "count", "plain BM25", "memory-sidecar"],
+        "only (`python -m bench.retrieval --grid`). The hybrid blends in the bundled "
+        "all-MiniLM-L6-v2 (server.semantic_encoder: local) at the default weight 0.5 and "
+        "floor 0.35, also chosen on the tuning sets (`--semantic-grid`).",
+        ["sets", "questions", "count", "plain BM25", "memory-sidecar", "with semantic"],
+        rows,
+    )
+
+
+def bench_semantic(report: Report, work: Path, corpus: Corpus, size: int, count: int) -> None:
+    """What server.semantic_encoder: local costs, beside the same daemon
+    without it, both running at once and called in alternating batches."""
+    notes = list(corpus.memories(size))
+    config = UNLIMITED + "agents: {ranking-agent: {inject_system_block: false}}\n"
+    dbs = {mode: work / f"semantic-{mode}.db" for mode in ("off", "local")}
+    for db in dbs.values():
+        populate(
+            db,
+            {("bench-agent", Tier.MEMORY): notes, ("ranking-agent", Tier.MEMORY): notes[:50]},
+        )
+    # As deploy/Dockerfile runs it: one BLAS thread (the pod's CPU limit is 1).
+    env = {"OPENBLAS_NUM_THREADS": "1"}
+    with (
+        daemon(dbs["off"], config, env=env) as off,
+        daemon(dbs["local"], config + "server: {semantic_encoder: local}\n", env=env) as on,
+        grpc.insecure_channel(off.api) as off_channel,
+        grpc.insecure_channel(on.api) as on_channel,
+    ):
+        idle_off, idle_on = off.rss_bytes(), on.rss_bytes()
+        # The backfill embeds the bulk-loaded tier in the background from start.
+        started = time.monotonic()
+        embedded = "SELECT COUNT(*) FROM memory_vectors"
+        with closing(sqlite3.connect(dbs["local"])) as conn:
+            while conn.execute(embedded).fetchone()[0] < len(notes) + 50:
+                time.sleep(0.1)
+        backfill = time.monotonic() - started
+        stubs = {
+            "off": pb_grpc.MemoryServiceStub(off_channel),
+            "local": pb_grpc.MemoryServiceStub(on_channel),
+        }
+        # Every call a new question or text: the query cache never answers.
+        questions = [corpus.question(n) for n in corpus.memories(2 * (count + 100))]
+        texts = iter(corpus.memories(count * 4 + 200))
+
+        def cycle(
+            mode: str, make: Callable[[pb_grpc.MemoryServiceStub, str], Any], asked: list[str]
+        ) -> Callable[[], Any]:
+            stub, ask = stubs[mode], iter(asked)
+            return lambda: make(stub, next(ask))
+
+        def search(stub: pb_grpc.MemoryServiceStub, q: str) -> Any:
+            request = pb.SearchMemoriesRequest(scope=SCOPE, query=q, limit=10)
+            return stub.SearchMemories(request, timeout=30)
+
+        def turn(stub: pb_grpc.MemoryServiceStub, q: str) -> Any:
+            scope = pb.Scope(agent_id="ranking-agent", user_id="bench-user")
+            request = pb.InjectForTurnRequest(scope=scope, session_id="s", user_message=q)
+            return stub.InjectForTurn(request, timeout=30)
+
+        def add(mode: str) -> Callable[[], Any]:
+            stub = stubs[mode]
+            scope = pb.Scope(agent_id="writer", user_id="bench-user")
+            return lambda: stub.AddMemory(
+                pb.AddMemoryRequest(scope=scope, content=next(texts)), timeout=30
+            )
+
+        rows: list[Row] = []
+        for row, (label, make) in enumerate(
+            (
+                (f"SearchMemories, a tier of {size:,}", search),
+                ("InjectForTurn, turn block over 50 memories", turn),
+            )
+        ):
+            asked = questions[row * (count + 100) : (row + 1) * (count + 100)]
+            a, b = interleaved(
+                cycle("off", make, asked), cycle("local", make, asked), count, batch=10
+            )
+            rows.append([label, us(pct(a, 50)), us(pct(b, 50)), f"{pct(b, 50) / pct(a, 50):.2f}x"])
+        a, b = interleaved(add("off"), add("local"), count, batch=10)
+        rows.append(
+            ["AddMemory", us(pct(a, 50)), us(pct(b, 50)), f"{pct(b, 50) / pct(a, 50):.2f}x"]
+        )
+        loaded_off, loaded_on = off.rss_bytes(), on.rss_bytes()
+        rows.append(
+            [
+                "resident, idle",
+                f"{idle_off / 2**20:,.1f} MiB",
+                f"{idle_on / 2**20:,.1f} MiB",
+                f"+{(idle_on - idle_off) / 2**20:,.0f} MiB",
+            ]
+        )
+        rows.append(
+            [
+                f"resident, after the above ({size:,} vectors held)",
+                f"{loaded_off / 2**20:,.1f} MiB",
+                f"{loaded_on / 2**20:,.1f} MiB",
+                f"+{(loaded_on - loaded_off) / 2**20:,.0f} MiB",
+            ]
+        )
+        rows.append(
+            [
+                f"backfill of {len(notes) + 50:,} entries at start",
+                "-",
+                f"{backfill:,.1f} s",
+                f"{(len(notes) + 50) / backfill:,.0f} entries/s",
+            ]
+        )
+        report.figures["semantic_local_rss_mib"] = round((idle_on - idle_off) / 2**20, 1)
+    report.add(
+        "15. Semantic retrieval: what it costs",
+        f"Two daemons at once on copies of one database, without and with "
+        "`server.semantic_encoder: local` (the bundled all-MiniLM-L6-v2, one BLAS thread as "
+        "in deploy/Dockerfile), called in alternating batches of 10; every search, turn "
+        f"and write a new text, so the query cache never answers. {count} of each.",
+        ["call", "lexical p50", "semantic p50", "ratio"],
         rows,
     )
 
@@ -1082,7 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 15))
+        only = set(args.only or range(1, 16))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -1141,6 +1267,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     if 14 in only:
         bench_retrieval(report)
+    if 15 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
+            bench_semantic(report, Path(tmp), corpus, 1000 if quick else 5000, 50 if quick else 300)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

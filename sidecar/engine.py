@@ -532,23 +532,29 @@ class MemoryEngine:
         self._verify(keys)
         partitions = [self._partition(key) for key in keys]
         settings = self.settings(scope)
+        terms = keywords([query])
         return rank(
             partitions,
-            keywords([query]),
+            terms,
             _weights(settings),
             match_all=match_all,
             category=category,
             limit=limit,
-            semantic=None if match_all else self._meaning(settings, query, partitions),
+            semantic=None if match_all else self._meaning(settings, query, terms, partitions),
         )
 
     def _meaning(
-        self, settings: AgentSettings, text: str, partitions: Sequence[AnyPartition]
+        self,
+        settings: AgentSettings,
+        text: str,
+        terms: Sequence[str],
+        partitions: Sequence[AnyPartition],
     ) -> SemanticScores | None:
         """The query's cosines with the partitions' entries, for rank(); None
         without semantic retrieval (or with semantic_weight 0: off for this
-        agent), or when the query could not be embedded."""
-        if self.semantic is None or not settings.semantic_weight or not text.strip():
+        agent), for a query without keywords (rank() ranks it by confidence),
+        or when the query could not be embedded."""
+        if self.semantic is None or not settings.semantic_weight or not terms:
             return None
         query: Floats | None = self.semantic.query(text)
         if query is None:
@@ -871,7 +877,7 @@ class MemoryEngine:
             # block does: a compact tier reads every entry ranked.
             depth = cap
             deepest = cap + blocks.MAX_SKIPPED
-            meaning = self._meaning(settings, user_message, enabled)
+            meaning = self._meaning(settings, user_message, terms, enabled)
             while True:
                 ranked = rank(
                     enabled,
