@@ -554,7 +554,12 @@ class MemoryEngine:
         without semantic retrieval (or with semantic_weight 0: off for this
         agent), for a query without keywords (rank() ranks it by confidence),
         or when the query could not be embedded."""
-        if self.semantic is None or not settings.semantic_weight or not terms:
+        if (
+            self.semantic is None
+            or not settings.semantic_weight
+            or not terms
+            or not any(p.count for p in partitions)
+        ):
             return None
         query: Floats | None = self.semantic.query(text)
         if query is None:

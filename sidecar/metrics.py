@@ -114,7 +114,9 @@ class Metrics:
         self.semantic_fallbacks = Counter(
             "memory_semantic_fallbacks",
             "Embeddings the encoder could not give (server.semantic_encoder): queries "
-            "then ranked lexically, writes stored without a vector and embedded later.",
+            "then ranked lexically, writes stored without a vector and embedded later "
+            "(reason: timeout, unreachable, http_error, bad_reply, unavailable, or paused: "
+            "skipped after a failure).",
             ["operation", "reason"],
             registry=r,
         )

@@ -16,7 +16,10 @@ Nothing here can fail a call. A query the encoder cannot embed in time
 (an endpoint down or slow: its overall deadline) is ranked lexically; a
 write it cannot embed is stored without a vector, and the backfill embeds
 it later, as it does entries written before semantic retrieval was on or
-with another encoder. Each failure is counted by reason.
+with another encoder. Each failure is counted by reason. After a failure,
+calls skip the encoder for a pause (1 s, doubling to 60 s: reason
+"paused") instead of each waiting out the deadline of an endpoint that
+hangs; the backfill, in the background, finds out when it answers again.
 
 Vectors are kept in memory per partition (float32, the stored float16
 widened), within `server.semantic_cache_bytes`, for partitions held in
@@ -59,6 +62,12 @@ BACKFILL_EVERY_SECONDS = 600.0
 # again at most this often (the backfill may have filled them since).
 INCOMPLETE_RELOAD_SECONDS = 10.0
 _QUERIES_KEPT = 256
+# After the encoder fails, writes and queries skip it for a pause that doubles
+# from the first to the longest, rather than each waiting out its deadline
+# (an endpoint that hangs would otherwise add semantic_timeout_seconds to
+# every call). The backfill keeps trying; its first success ends the pause.
+PAUSE_FIRST_SECONDS = 1.0
+PAUSE_LONGEST_SECONDS = 60.0
 
 
 def encoder_for(server: ServerSettings) -> Encoder | None:
@@ -162,18 +171,31 @@ class Semantic:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.backfilled = 0
+        self._pause = 0.0
+        self._paused_until = float("-inf")
 
     # --- encoding -----------------------------------------------------------
 
     def _encode(self, texts: Sequence[str], operation: str) -> Floats | None:
+        if operation != "backfill" and self._clock() < self._paused_until:
+            self._metrics.semantic_fallbacks.labels(operation, "paused").inc()
+            return None
         started = time.perf_counter()
         try:
             vectors = self.encoder.encode(texts)
         except EncoderError as exc:
             self._metrics.semantic_fallbacks.labels(operation, exc.reason).inc()
-            log.warning("could not embed (%s): %s", operation, exc)
+            # Racing failures may each double it: still bounded.
+            self._pause = min(max(2 * self._pause, PAUSE_FIRST_SECONDS), PAUSE_LONGEST_SECONDS)
+            self._paused_until = self._clock() + self._pause
+            log.warning(
+                "could not embed (%s): %s; lexical only for %.0f s", operation, exc, self._pause
+            )
             return None
         self._metrics.semantic_seconds.labels(operation).observe(time.perf_counter() - started)
+        if self._pause:
+            self._pause, self._paused_until = 0.0, float("-inf")
+            log.info("embedding again")
         return vectors
 
     def for_write(self, content: str) -> tuple[Vector | None, Floats | None]:
@@ -323,6 +345,11 @@ class Semantic:
         while not self._stopping.is_set():
             self._due.wait(BACKFILL_EVERY_SECONDS)
             if self._stopping.is_set():
+                return
+            # After a failure, try again when the pause ends: each write
+            # skipped meanwhile asks for a backfill, and must not make one.
+            paused = self._paused_until - self._clock()
+            if paused > 0 and self._stopping.wait(paused):
                 return
             self._due.clear()
             try:

@@ -212,6 +212,8 @@ class ModelEndpoint:
     def __init__(self, encoder: LocalEncoder) -> None:
         self.encoder = encoder
         self.calls = 0
+        # Seconds each reply waits before it is sent.
+        self.delay = 0.0
         self.httpd: ThreadingHTTPServer | None = None
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -228,6 +230,7 @@ class ModelEndpoint:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.calls += 1
+                time.sleep(endpoint.delay)
                 vectors = endpoint.encoder.encode(body["input"])
                 data = [
                     {"object": "embedding", "index": i, "embedding": v.tolist()}
@@ -293,9 +296,11 @@ def test_an_endpoint_that_is_down_loses_nothing_and_is_backfilled(
         assert [h.memory.content for h in search(running, query)] == [
             h.memory.content for h in search(lexical, query)
         ]
+    # After the first failure the encoder is skipped for a while ("paused").
     counted = fallbacks(running)
-    assert counted[("write", "unreachable")] == len(NOTES)
-    assert counted[("query", "unreachable")] >= 2
+    assert counted[("write", "unreachable")] >= 1
+    assert counted[("write", "unreachable")] + counted[("write", "paused")] == len(NOTES)
+    assert sum(n for (operation, _), n in counted.items() if operation == "query") == 3
 
     # Up again: the backfill embeds what was stored without a vector.
     model_endpoint.start()
@@ -303,8 +308,23 @@ def test_an_endpoint_that_is_down_loses_nothing_and_is_backfilled(
     assert semantic is not None
     semantic.backfill()
     assert vector_rows(running) == len(NOTES)
-    # The query's earlier failure is not remembered as "no vector".
+    # Its success ends the pause; the query's earlier failure is not
+    # remembered as "no vector".
     assert ids(search(running, "what does she like to eat")) == [notes[0].id]
+
+
+def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
+    make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
+) -> None:
+    model_endpoint.start()
+    running = make_sidecar(endpoint_yaml(model_endpoint, timeout=0.3))
+    add_notes(running)
+    model_endpoint.delay = 5.0
+    for _ in range(3):
+        assert search(running, "what does she like to eat") == []
+    # The first waited out the deadline; the next two did not ask.
+    assert fallbacks(running) == {("query", "timeout"): 1, ("query", "paused"): 2}
+    assert model_endpoint.calls == len(NOTES) + 1
 
 
 def test_vectors_are_stored_per_model(make_sidecar: MakeSidecar) -> None:
