@@ -331,16 +331,27 @@ class Backend(abc.ABC):
             4096,
         )
 
-    def unembedded(self, model: str, after: int, limit: int) -> list[tuple[Any, ...]]:
+    def unembedded(
+        self, model: str, after: int, limit: int, below: int | None
+    ) -> list[tuple[Any, ...]]:
         """(seq, content, digest) of up to `limit` entries past seq `after`
-        without a current vector of this model, by seq."""
+        without a current vector of this model, by seq; with `below`, only
+        of partitions of fewer entries than that."""
         p = self.db.param
+        smaller = ""
+        params: tuple[Any, ...] = (model, after, limit)
+        if below is not None:
+            smaller = (
+                f" AND EXISTS (SELECT 1 FROM {STATE_TABLE} s WHERE s.owner = m.owner"
+                f" AND s.tier = m.tier AND s.entry_count < {p})"
+            )
+            params = (model, after, below, limit)
         cursor = self.db.execute_sql(
             f"SELECT m.seq, m.content, m.content_sha256 FROM memories m"
             f" LEFT JOIN {VECTORS_TABLE} v ON v.seq = m.seq AND v.model = {p}"
             " AND v.content_sha256 = m.content_sha256"
-            f" WHERE v.seq IS NULL AND m.seq > {p} ORDER BY m.seq LIMIT {p}",
-            (model, after, limit),
+            f" WHERE v.seq IS NULL AND m.seq > {p}{smaller} ORDER BY m.seq LIMIT {p}",
+            params,
         )
         return list(cursor.fetchall())
 

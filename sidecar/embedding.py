@@ -400,15 +400,12 @@ class EndpointEncoder:
             # No dimension is known without asking; (0, 0) stacks with nothing.
             return np.zeros((0, 0), dtype=np.float32)
         body = json.dumps({"model": self.model, "input": [str(t) for t in texts]}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
         try:
             raw = post_json(
                 self.base_url,
                 "/embeddings",
                 body,
-                headers,
+                self.api_key,
                 timeout_seconds=self.timeout_seconds,
                 max_reply_bytes=_MAX_REPLY_BYTES,
             )

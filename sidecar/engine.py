@@ -55,7 +55,7 @@ from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, SemanticScores, Weights, rank
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionId, SessionTable
-from sidecar.store import Store, Wanted, Written
+from sidecar.store import Store, Vector, Wanted, Written
 from sidecar.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,7 @@ class MemoryEngine:
                 store,
                 self._metrics,
                 cache_bytes=config.server.semantic_cache_bytes,
+                compact_from=config.server.compact_tier_entries,
                 clock=now,
             )
         self.tokens = tokens or TokenCounter()
@@ -419,8 +420,7 @@ class MemoryEngine:
         self._screen(settings, "content", content)
         self._screen(settings, "category", category)
         key = (tier, scope.owner(tier))
-        # Embedded before any lock is taken: the encoder may take a while.
-        stored, held = self.semantic.for_write(content) if self.semantic else (None, None)
+        stored, held = self._embedding(content, [key])
         with self._writing([key]), self._counting_rejections():
             written = self._store.add(
                 scope,
@@ -436,14 +436,7 @@ class MemoryEngine:
             memory, usage = written.memory, written.usage
             self._written(key, written, lambda p, g: self._added(p, memory, g, usage))
             if self.semantic is not None:
-                self.semantic.written(
-                    key,
-                    written.previous,
-                    written.generation,
-                    memory.seq,
-                    held,
-                    content_changed=True,
-                )
+                self.semantic.written(key, written, held, content_changed=True)
         return memory, usage, written.created
 
     def update(
@@ -462,11 +455,7 @@ class MemoryEngine:
         if category is not None:
             self._screen(settings, "category", category)
         keys = [(tier, scope.owner(tier)) for tier in Tier]
-        stored, held = (
-            self.semantic.for_write(content)
-            if self.semantic is not None and content is not None
-            else (None, None)
-        )
+        stored, held = self._embedding(content, keys)
         with self._writing(keys), self._counting_rejections():
             written = self._store.update(
                 scope,
@@ -482,14 +471,7 @@ class MemoryEngine:
             key = (memory.tier, scope.owner(memory.tier))
             self._written(key, written, lambda p, g: self._changed(p, memory, memory, g, usage))
             if self.semantic is not None:
-                self.semantic.written(
-                    key,
-                    written.previous,
-                    written.generation,
-                    memory.seq,
-                    held,
-                    content_changed=content is not None,
-                )
+                self.semantic.written(key, written, held, content_changed=content is not None)
         return memory, usage
 
     def delete(
@@ -502,7 +484,7 @@ class MemoryEngine:
             key = (memory.tier, scope.owner(memory.tier))
             self._written(key, written, lambda p, g: self._changed(p, memory, None, g, usage))
             if self.semantic is not None:
-                self.semantic.removed(key, written.previous, written.generation, memory.seq)
+                self.semantic.removed(key, written)
         return memory, usage
 
     # --- reads --------------------------------------------------------------
@@ -542,6 +524,19 @@ class MemoryEngine:
             limit=limit,
             semantic=None if match_all else self._meaning(settings, query, terms, partitions),
         )
+
+    def _embedding(
+        self, content: str | None, keys: Sequence[PartitionKey]
+    ) -> tuple[Vector | None, Floats | None]:
+        """New content's vector, as stored and as held (semantic.for_write),
+        computed before any lock is taken: the encoder may take a while.
+        None without semantic retrieval, without new content, or for a tier
+        held compactly (ranked lexically: the vector would never be used)."""
+        if self.semantic is None or content is None:
+            return None, None
+        if all(isinstance(self._partitions.get(key), CompactPartition) for key in keys):
+            return None, None
+        return self.semantic.for_write(content)
 
     def _meaning(
         self,

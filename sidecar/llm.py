@@ -66,15 +66,12 @@ class KeywordModel:
                 ],
             }
         ).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
         try:
             raw = post_json(
                 self.base_url,
                 "/chat/completions",
                 body,
-                headers,
+                self.api_key,
                 timeout_seconds=self.timeout_seconds,
                 max_reply_bytes=_MAX_REPLY_BYTES,
             )
@@ -100,13 +97,14 @@ def post_json(
     base_url: str,
     suffix: str,
     body: bytes,
-    headers: dict[str, str],
+    api_key: str,
     *,
     timeout_seconds: float,
     max_reply_bytes: int,
 ) -> bytes:
-    """POST `body` to base_url + suffix and return the reply body, read
-    whole within timeout_seconds in all.
+    """POST the JSON `body` to base_url + suffix (with `api_key` as a
+    bearer token, if any) and return the reply body, read whole within
+    timeout_seconds in all.
 
     A socket timeout bounds each read, not the call: an endpoint that
     trickles a byte at a time kept a turn waiting 7.5 s with a 1 s
@@ -151,6 +149,9 @@ def post_json(
                 sockets.append(connection.sock)
             if state["expired"]:  # the deadline passed while connecting
                 raise TimeoutError
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
         with response:

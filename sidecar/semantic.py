@@ -24,7 +24,9 @@ hangs; the backfill, in the background, finds out when it answers again.
 Vectors are kept in memory per partition (float32, the stored float16
 widened), within `server.semantic_cache_bytes`, for partitions held in
 full; a compact partition (a tier of `compact_tier_entries` or more) is
-ranked lexically: 1.5 KB per entry would dwarf its ~150 bytes.
+ranked lexically: 1.5 KB per entry would dwarf its ~150 bytes. Its entries
+are not embedded either: not by the backfill, nor when written while it is
+held compactly.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from sidecar.errors import SidecarError
 from sidecar.memory import Tier
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition
-from sidecar.store import Store, Vector
+from sidecar.store import Store, Vector, Written
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +157,13 @@ class Semantic:
         metrics: Metrics,
         *,
         cache_bytes: int,
+        compact_from: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.encoder = encoder
+        # Tiers this large (server.compact_tier_entries; 0: none) are ranked
+        # lexically: the backfill leaves their entries alone.
+        self._compact_from = compact_from or None
         self.model = encoder.name
         self._store = store
         self._metrics = metrics
@@ -263,18 +269,12 @@ class Semantic:
         return vectors
 
     def written(
-        self,
-        key: PartitionKey,
-        previous: int,
-        generation: int,
-        seq: int,
-        vector: Floats | None,
-        *,
-        content_changed: bool,
+        self, key: PartitionKey, written: Written, vector: Floats | None, *, content_changed: bool
     ) -> None:
         """After a write of this process (under the partition's lock): the
         held vectors follow it if they were exactly one write behind; others
         are read again when next used."""
+        previous, generation, seq = written.previous, written.generation, written.memory.seq
         vectors = self._vectors.get(key)
         if vectors is None or vectors.generation != previous or generation == previous:
             return
@@ -287,8 +287,9 @@ class Semantic:
             changed = dataclasses.replace(changed, complete=False)
         self._vectors.put(key, changed)
 
-    def removed(self, key: PartitionKey, previous: int, generation: int, seq: int) -> None:
+    def removed(self, key: PartitionKey, written: Written) -> None:
         """After a delete of this process."""
+        previous, generation, seq = written.previous, written.generation, written.memory.seq
         vectors = self._vectors.get(key)
         if vectors is None or vectors.generation != previous or generation == previous:
             return
@@ -308,7 +309,9 @@ class Semantic:
         many were stored. Stops at the first encoder failure (tried again later)."""
         stored, after = 0, 0
         while not self._stopping.is_set():
-            rows = self._store.unembedded(self.model, after, BACKFILL_BATCH)
+            rows = self._store.unembedded(
+                self.model, after, BACKFILL_BATCH, below=self._compact_from
+            )
             if not rows:
                 break
             vectors = self._encode([content for _, content, _ in rows], "backfill")

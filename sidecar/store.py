@@ -733,11 +733,14 @@ class Store:
                     data.append(bytes(vector))
         return seqs, data
 
-    def unembedded(self, model: str, after: int, limit: int) -> list[tuple[int, str, str]]:
+    def unembedded(
+        self, model: str, after: int, limit: int, *, below: int | None = None
+    ) -> list[tuple[int, str, str]]:
         """(seq, content, digest) of up to `limit` entries after seq `after`
-        that lack a vector of this model for their current content."""
+        that lack a vector of this model for their current content; with
+        `below`, only of tiers of fewer entries than that."""
         with self._guard(), self._db.connection_context():
-            rows = self._backend.unembedded(model, after, limit)
+            rows = self._backend.unembedded(model, after, limit, below)
         return [(int(seq), str(content), str(digest)) for seq, content, digest in rows]
 
     def put_vectors(self, model: str, vectors: Sequence[tuple[int, str, bytes]]) -> None:

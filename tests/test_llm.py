@@ -3,89 +3,47 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import MakeSidecar, Running
+from tests.endpoint import JsonEndpoint
 
 SCOPE = pb.Scope(agent_id="companion", user_id="caroline")
 
 
 @dataclass
-class ChatServer:
+class ChatServer(JsonEndpoint):
     """Speaks just enough of the OpenAI chat-completions protocol."""
 
     reply: str = "dogs, shelter"
-    status: int = 200
-    delay: float = 0.0
-    # Seconds between bytes of the reply body: an endpoint that trickles.
-    trickle: float = 0.0
-    # Set when the client hung up before the whole reply was sent.
-    cut_off: threading.Event = field(default_factory=threading.Event)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    port: int = 0
 
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(
-                    {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
-                )
-                time.sleep(server.delay)
-                payload = json.dumps(
+    def answer(self, body: dict[str, Any]) -> bytes:
+        return json.dumps(
+            {
+                "id": "chatcmpl-test",
+                "object": "chat.completion",
+                "choices": [
                     {
-                        "id": "chatcmpl-test",
-                        "object": "chat.completion",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": server.reply},
-                                "finish_reason": "stop",
-                            }
-                        ],
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self.reply},
+                        "finish_reason": "stop",
                     }
-                ).encode()
-                self.send_response(server.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                if not server.trickle:
-                    self.wfile.write(payload)
-                    return
-                try:
-                    for byte in payload:
-                        self.wfile.write(bytes([byte]))
-                        self.wfile.flush()
-                        time.sleep(server.trickle)
-                except OSError:
-                    server.cut_off.set()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        return Handler
+                ],
+            }
+        ).encode()
 
 
 @pytest.fixture
 def chat() -> Iterator[ChatServer]:
     state = ChatServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), state.handler())
-    state.port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
+    with state.serving():
+        yield state
 
 
 def llm_sidecar(make_sidecar: MakeSidecar, chat: ChatServer, *, timeout: float = 2.0) -> Running:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.embedding import LocalEncoder
 from sidecar.memory import Tier
 from tests.conftest import MakeSidecar, Running
+from tests.endpoint import JsonEndpoint
 
 pytestmark = pytest.mark.contract
 
@@ -205,61 +204,28 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
 # ------------------------------------------------------------------ endpoint
 
 
-class ModelEndpoint:
-    """An OpenAI-compatible /v1/embeddings server in front of the real
-    model (TEI, vLLM and Ollama cannot run here); `down` makes it refuse."""
+@dataclass
+class ModelEndpoint(JsonEndpoint):
+    """An OpenAI-compatible /v1/embeddings in front of the real model."""
 
-    def __init__(self, encoder: LocalEncoder) -> None:
-        self.encoder = encoder
-        self.calls = 0
-        # Seconds each reply waits before it is sent.
-        self.delay = 0.0
-        self.httpd: ThreadingHTTPServer | None = None
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+    encoder: LocalEncoder | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> None:
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                endpoint.calls += 1
-                time.sleep(endpoint.delay)
-                vectors = endpoint.encoder.encode(body["input"])
-                data = [
-                    {"object": "embedding", "index": i, "embedding": v.tolist()}
-                    for i, v in enumerate(vectors)
-                ]
-                payload = json.dumps({"object": "list", "data": data}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
+    def answer(self, body: dict[str, Any]) -> bytes:
+        assert self.encoder is not None
+        vectors = self.encoder.encode(body["input"])
+        data = [
+            {"object": "embedding", "index": i, "embedding": v.tolist()}
+            for i, v in enumerate(vectors)
+        ]
+        return json.dumps({"object": "list", "data": data}).encode()
 
 
 @pytest.fixture
-def model_endpoint(encoder: LocalEncoder) -> Iterator[ModelEndpoint]:
-    endpoint = ModelEndpoint(encoder)
-    yield endpoint
-    endpoint.stop()
+def model_endpoint(encoder: LocalEncoder) -> ModelEndpoint:
+    """Not serving yet (`serving()`), on a port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return ModelEndpoint(encoder=encoder, port=probe.getsockname()[1])
 
 
 def endpoint_yaml(endpoint: ModelEndpoint, timeout: float = 2.0) -> str:
@@ -272,11 +238,12 @@ def endpoint_yaml(endpoint: ModelEndpoint, timeout: float = 2.0) -> str:
 def test_the_endpoint_embeds_writes_and_queries(
     make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
 ) -> None:
-    model_endpoint.start()
-    running = make_sidecar(endpoint_yaml(model_endpoint))
-    notes = add_notes(running)
-    assert ids(search(running, "which musical instrument")) == [notes[4].id]
-    assert model_endpoint.calls == len(NOTES) + 1
+    with model_endpoint.serving():
+        running = make_sidecar(endpoint_yaml(model_endpoint))
+        notes = add_notes(running)
+        assert ids(search(running, "which musical instrument")) == [notes[4].id]
+    assert len(model_endpoint.requests) == len(NOTES) + 1
+    assert model_endpoint.requests[0]["body"] == {"model": "minilm", "input": [NOTES[0]]}
     assert fallbacks(running) == {}
 
 
@@ -303,28 +270,28 @@ def test_an_endpoint_that_is_down_loses_nothing_and_is_backfilled(
     assert sum(n for (operation, _), n in counted.items() if operation == "query") == 3
 
     # Up again: the backfill embeds what was stored without a vector.
-    model_endpoint.start()
     semantic = running.sidecar.engine.semantic
     assert semantic is not None
-    semantic.backfill()
-    assert vector_rows(running) == len(NOTES)
-    # Its success ends the pause; the query's earlier failure is not
-    # remembered as "no vector".
-    assert ids(search(running, "what does she like to eat")) == [notes[0].id]
+    with model_endpoint.serving():
+        semantic.backfill()
+        assert vector_rows(running) == len(NOTES)
+        # Its success ends the pause; the query's earlier failure is not
+        # remembered as "no vector".
+        assert ids(search(running, "what does she like to eat")) == [notes[0].id]
 
 
 def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
     make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
 ) -> None:
-    model_endpoint.start()
-    running = make_sidecar(endpoint_yaml(model_endpoint, timeout=0.3))
-    add_notes(running)
-    model_endpoint.delay = 5.0
-    for _ in range(3):
-        assert search(running, "what does she like to eat") == []
+    with model_endpoint.serving():
+        running = make_sidecar(endpoint_yaml(model_endpoint, timeout=0.3))
+        add_notes(running)
+        model_endpoint.delay = 5.0
+        for _ in range(3):
+            assert search(running, "what does she like to eat") == []
     # The first waited out the deadline; the next two did not ask.
     assert fallbacks(running) == {("query", "timeout"): 1, ("query", "paused"): 2}
-    assert model_endpoint.calls == len(NOTES) + 1
+    assert len(model_endpoint.requests) == len(NOTES) + 1
 
 
 def test_vectors_are_stored_per_model(make_sidecar: MakeSidecar) -> None:
@@ -334,3 +301,27 @@ def test_vectors_are_stored_per_model(make_sidecar: MakeSidecar) -> None:
     assert len(running.store.unembedded("endpoint:other", 0, 100)) == len(NOTES)
     seqs, data = running.store.vectors(Tier.MEMORY, "companion", "endpoint:other")
     assert (seqs, data) == ([], [])
+
+
+def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
+    make_sidecar: MakeSidecar,
+) -> None:
+    before = make_sidecar("server: {compact_tier_entries: 4}")
+    add_notes(before)  # six: held compactly from four
+    small = pb.Scope(agent_id="small", user_id="caroline")
+    kept = [before.add(text, scope=small).memory for text in NOTES[:2]]
+
+    after = make_sidecar("server: {compact_tier_entries: 4, semantic_encoder: local}", db=before.db)
+    semantic = after.sidecar.engine.semantic
+    assert semantic is not None
+    deadline = time.monotonic() + 30
+    while after.store.unembedded(semantic.model, 0, 10, below=4) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Only the small tier's two entries were embedded; the compact tier is
+    # ranked lexically, and a write to it once held compactly is not embedded.
+    assert vector_rows(after) == 2
+    assert search(after, "what does she like to eat") == []
+    after.add("The printer on floor 2 is broken", scope=SCOPE)
+    assert vector_rows(after) == 2
+    request = pb.SearchMemoriesRequest(scope=small, query="what does she like to eat")
+    assert [h.memory.id for h in after.stub.SearchMemories(request).hits] == [kept[0].id]
