@@ -48,7 +48,7 @@ from sidecar._statements import Record
 from sidecar.clock import from_micros, to_micros
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.ranking import K1, B, date_terms, top_by_confidence
+from sidecar.ranking import K1, B, Postings, date_terms, top_by_confidence
 from sidecar.store import IndexSource
 
 Int32Array = npt.NDArray[np.int32]
@@ -511,9 +511,9 @@ class CompactPartition:
         mask: BoolArray = self.storage.category[: self.size] == wanted
         return mask
 
-    def term(self, term: str) -> tuple[Int32Array, FloatArray] | None:
+    def term(self, term: str) -> Postings | None:
         """The positions holding `term` (of those this partition holds) and
-        their BM25 weights, positions ascending."""
+        their counts, which index WEIGHTS."""
         storage = self.storage
         parts: list[tuple[Int32Array, CountArray]] = []
         term_id = storage.vocabulary.get(term)
@@ -537,7 +537,7 @@ class CompactPartition:
             positions, tally = positions[keep], tally[keep]
         if not len(positions):
             return None
-        return positions, WEIGHTS[tally]
+        return Postings(positions, tally, WEIGHTS)
 
     def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
         """The entries at these positions, read from the database (None for
