@@ -49,7 +49,7 @@ from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SidecarError
 from sidecar.keywords import keywords
-from sidecar.llm import KeywordModel, KeywordModelError
+from sidecar.llm import KeywordModel, KeywordModelError, Pause
 from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, SemanticScores, Weights, rank
@@ -209,6 +209,8 @@ class MemoryEngine:
         self._config = config
         self._store = store
         self._metrics = metrics or Metrics()
+        # Per keyword endpoint: after it fails, turns skip it for a while.
+        self._keyword_pauses: dict[str, Pause] = {}
         # Semantic retrieval (server.semantic_encoder), when an encoder is given.
         self.semantic: Semantic | None = None
         if encoder is not None:
@@ -960,10 +962,20 @@ class MemoryEngine:
                 settings.keyword_llm_api_key,
                 settings.keyword_llm_timeout_seconds,
             )
+            pause = self._keyword_pauses.setdefault(model.base_url, Pause())
+            if pause.remaining():
+                self._metrics.keyword_fallbacks.labels("paused").inc()
+                return keywords(texts)
             try:
-                return model.keywords("\n".join(texts))
+                found = model.keywords("\n".join(texts))
             except KeywordModelError as exc:
                 self._metrics.keyword_fallbacks.labels(exc.reason).inc()
+                seconds = pause.failed()
+                log.warning("keyword endpoint failed: %s; local keywords for %.0f s", exc, seconds)
+            else:
+                if pause.succeeded():
+                    log.info("keyword endpoint answering again")
+                return found
         return keywords([*texts, *given])
 
     def notify_compaction(self, scope: Scope, session_id: str) -> bool:

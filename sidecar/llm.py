@@ -3,7 +3,8 @@
 The runtime usually owns the model and passes the keywords it extracted; this
 client is for runtimes that do not. Any failure (connection, HTTP status,
 timeout, a reply without usable keywords) raises KeywordModelError, and the
-engine falls back to the local tokenizer and counts the fallback.
+engine falls back to the local tokenizer and counts the fallback; after one,
+turns skip that endpoint for a Pause (reason "paused").
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import json
 import re
 import socket
 import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.keywords import keywords
@@ -28,6 +31,39 @@ PROMPT = (
 
 # A keyword reply is a few hundred bytes; anything this big is not one.
 _MAX_REPLY_BYTES = 1024 * 1024
+
+
+# After a model endpoint fails, calls skip it for a pause that doubles from
+# the first to the longest, rather than each waiting out its deadline (an
+# endpoint that hangs would otherwise add its whole timeout to every call).
+PAUSE_FIRST_SECONDS = 1.0
+PAUSE_LONGEST_SECONDS = 60.0
+
+
+class Pause:
+    """How long calls skip an endpoint that failed (see PAUSE_*): the first
+    call after it ends tries again, and a success ends it for good."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.seconds = 0.0
+        self._until = float("-inf")
+
+    def remaining(self) -> float:
+        return max(0.0, self._until - self._clock())
+
+    def failed(self) -> float:
+        """Starts or doubles the pause; its length."""
+        # Racing failures may each double it: still bounded.
+        self.seconds = min(max(2 * self.seconds, PAUSE_FIRST_SECONDS), PAUSE_LONGEST_SECONDS)
+        self._until = self._clock() + self.seconds
+        return self.seconds
+
+    def succeeded(self) -> bool:
+        """Ends the pause; whether there was one."""
+        was = self.seconds > 0
+        self.seconds, self._until = 0.0, float("-inf")
+        return was
 
 
 class ModelError(Exception):

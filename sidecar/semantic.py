@@ -46,6 +46,7 @@ from sidecar._caches import LRU
 from sidecar.config import ServerSettings
 from sidecar.embedding import Encoder, EncoderError, EndpointEncoder, LocalEncoder
 from sidecar.errors import SidecarError
+from sidecar.llm import Pause
 from sidecar.memory import Tier
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition
@@ -64,12 +65,6 @@ BACKFILL_EVERY_SECONDS = 600.0
 # again at most this often (the backfill may have filled them since).
 INCOMPLETE_RELOAD_SECONDS = 10.0
 _QUERIES_KEPT = 256
-# After the encoder fails, writes and queries skip it for a pause that doubles
-# from the first to the longest, rather than each waiting out its deadline
-# (an endpoint that hangs would otherwise add semantic_timeout_seconds to
-# every call). The backfill keeps trying; its first success ends the pause.
-PAUSE_FIRST_SECONDS = 1.0
-PAUSE_LONGEST_SECONDS = 60.0
 
 
 def encoder_for(server: ServerSettings) -> Encoder | None:
@@ -177,13 +172,14 @@ class Semantic:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.backfilled = 0
-        self._pause = 0.0
-        self._paused_until = float("-inf")
+        # After the encoder fails, writes and queries skip it for a while;
+        # the backfill tries again when the pause ends.
+        self._pause = Pause(clock)
 
     # --- encoding -----------------------------------------------------------
 
     def _encode(self, texts: Sequence[str], operation: str) -> Floats | None:
-        if operation != "backfill" and self._clock() < self._paused_until:
+        if operation != "backfill" and self._pause.remaining():
             self._metrics.semantic_fallbacks.labels(operation, "paused").inc()
             return None
         started = time.perf_counter()
@@ -191,16 +187,11 @@ class Semantic:
             vectors = self.encoder.encode(texts)
         except EncoderError as exc:
             self._metrics.semantic_fallbacks.labels(operation, exc.reason).inc()
-            # Racing failures may each double it: still bounded.
-            self._pause = min(max(2 * self._pause, PAUSE_FIRST_SECONDS), PAUSE_LONGEST_SECONDS)
-            self._paused_until = self._clock() + self._pause
-            log.warning(
-                "could not embed (%s): %s; lexical only for %.0f s", operation, exc, self._pause
-            )
+            pause = self._pause.failed()
+            log.warning("could not embed (%s): %s; lexical only for %.0f s", operation, exc, pause)
             return None
         self._metrics.semantic_seconds.labels(operation).observe(time.perf_counter() - started)
-        if self._pause:
-            self._pause, self._paused_until = 0.0, float("-inf")
+        if self._pause.succeeded():
             log.info("embedding again")
         return vectors
 
@@ -351,8 +342,8 @@ class Semantic:
                 return
             # After a failure, try again when the pause ends: each write
             # skipped meanwhile asks for a backfill, and must not make one.
-            paused = self._paused_until - self._clock()
-            if paused > 0 and self._stopping.wait(paused):
+            paused = self._pause.remaining()
+            if paused and self._stopping.wait(paused):
                 return
             self._due.clear()
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -122,6 +123,32 @@ def test_failures_fall_back_to_local_keywords_and_are_counted(
     # The local tokenizer found the memory from the message itself.
     assert "Melanie paints" in turn.turn_context
     assert "dogs" not in turn.turn_context
+
+
+def test_after_a_failure_turns_skip_the_endpoint_until_a_pause_ends(
+    make_sidecar: MakeSidecar, chat: ChatServer
+) -> None:
+    chat.status = 500
+    running = llm_sidecar(make_sidecar, chat)
+    running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert len(chat.requests) == 1
+    # Within the pause (1 s): not asked, local keywords, counted.
+    turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert len(chat.requests) == 1
+    assert fallbacks(running, "paused") == 1
+    assert "Melanie paints" in turn.turn_context
+    # It answers again: the first turn after the pause asks it, and its
+    # keywords are used; the next turn asks it too (the pause is over).
+    chat.status = 200
+    deadline = time.monotonic() + 10
+    while len(chat.requests) == 1:
+        assert time.monotonic() < deadline, "the endpoint was never asked again"
+        time.sleep(0.1)
+        turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert "Caroline adopted two dogs" in turn.turn_context
+    running.turn("s", "Does Melanie still paint?", scope=SCOPE)
+    assert len(chat.requests) == 3
+    assert fallbacks(running, "http_error") == 1
 
 
 def test_an_unreachable_endpoint_falls_back(make_sidecar: MakeSidecar) -> None:
