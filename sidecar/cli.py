@@ -256,19 +256,22 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
         scope = Scope(agent_id=args.agent_id)
         report = store.import_entries(scope, Tier.MEMORY, entries, settings.policy(Tier.MEMORY))
         usage = store.usage(scope, [Tier.MEMORY])[Tier.MEMORY]
+        limit = settings.memory_char_limit
+        budget = f"/{limit:,} chars" if limit else " chars, unlimited"
+        print(
+            f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
+            f"{args.agent_id!r} ({usage.used_chars:,}{budget})"
+        )
+        if report.skipped:
+            print(f"not imported ({len(report.skipped)}):")
+            for entry, why in report.skipped:
+                preview = entry.content if len(entry.content) <= 60 else entry.content[:57] + "..."
+                print(f"  {entry.id}: {why}: {preview!r}")
+        if report.imported:
+            tiers = [(Tier.MEMORY, scope.owner(Tier.MEMORY))]
+            admin.index_large_tiers(store, tiers, cfg.server.compact_tier_entries, sys.stdout)
     finally:
         store.close()
-    limit = settings.memory_char_limit
-    budget = f"/{limit:,} chars" if limit else " chars, unlimited"
-    print(
-        f"imported {len(report.imported)} of {len(entries)} entries into the agent notes of "
-        f"{args.agent_id!r} ({usage.used_chars:,}{budget})"
-    )
-    if report.skipped:
-        print(f"not imported ({len(report.skipped)}):")
-        for entry, why in report.skipped:
-            preview = entry.content if len(entry.content) <= 60 else entry.content[:57] + "..."
-            print(f"  {entry.id}: {why}: {preview!r}")
     return 0
 
 
@@ -289,7 +292,8 @@ def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
         store.open()  # export and import need the current schema
         if args.command == "export":
             return admin.export(store, args.destination, sys.stdout)
-        return admin.import_file(store, args.source, sys.stdout)
+        compact_from = cfg.server.compact_tier_entries
+        return admin.import_file(store, args.source, sys.stdout, compact_from=compact_from)
     finally:
         store.close()
 

@@ -49,7 +49,7 @@ from sidecar.clock import from_micros, to_micros
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import K1, B, Postings, date_terms, top_by_confidence
-from sidecar.store import IndexSource
+from sidecar.store import IndexSource, Store
 
 Int32Array = npt.NDArray[np.int32]
 Int64Array = npt.NDArray[np.int64]
@@ -636,6 +636,31 @@ def _segment(
     storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
     np.cumsum(np.bincount(new_ids, minlength=len(ranked)), out=storage.offsets[1:])
     storage.npostings = len(new_ids)
+
+
+# An index is written in parts of at most this many bytes (a row each:
+# PostgreSQL's bytea and SQLite's blobs stay far from their 1 GB limits, and
+# from a big allocation).
+PART_BYTES = 16 * 1024 * 1024
+
+
+def from_rows(store: Store, tier: Tier, owner: str) -> CompactPartition:
+    """A large partition indexed from its rows, read in batches."""
+    return CompactPartition.load(
+        tier, owner, lambda consume: store.scan_tier(tier, owner, consume), store.memories_by_seq
+    )
+
+
+def persist(store: Store, partition: CompactPartition) -> bool:
+    """Persist the partition's index beside its rows. False when the store
+    keeps a newer one, or cannot complete this one from its change log
+    (Store.save_index): nothing is changed then."""
+    data = partition.to_bytes()
+    parts = [data[at : at + PART_BYTES] for at in range(0, len(data), PART_BYTES)]
+    if not store.save_index(partition.tier, partition.owner, partition.generation, parts):
+        return False
+    partition.saved()
+    return True
 
 
 def record_of(memory: Memory, owner: str = "") -> Record:

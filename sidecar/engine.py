@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sidecar import blocks, scanner
+from sidecar import blocks, compact, scanner
 from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
 from sidecar.compact import CompactPartition
@@ -67,9 +67,6 @@ _STRIPES = 64
 # writes, or 1% of its entries if more: each load replays what it lacks.
 INDEX_EVERY = 1000
 INDEX_RETRY_SECONDS = 60.0
-# Parts of at most this many bytes (a row each: PostgreSQL's bytea and
-# SQLite's blobs stay far from their 1 GB limits, and from a big allocation).
-_INDEX_PART = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True, eq=False)
@@ -593,9 +590,9 @@ class MemoryEngine:
         threshold = self._config.server.compact_tier_entries
         count, logged = self._store.tier_state(tier, owner)
         if threshold and count >= threshold:
-            compact = self._compact(tier, owner)
-            self._maybe_index(key, compact)
-            return compact
+            held = self._compact(tier, owner)
+            self._maybe_index(key, held)
+            return held
         if logged and threshold:
             # Held in full now (it shrank, or the threshold rose): nothing
             # would read or trim its log any more.
@@ -630,12 +627,7 @@ class MemoryEngine:
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
         self._bookkeeping(self._store.start_logging, tier, owner)
-        return CompactPartition.load(
-            tier,
-            owner,
-            lambda consume: self._store.scan_tier(tier, owner, consume),
-            self._store.memories_by_seq,
-        )
+        return compact.from_rows(self._store, tier, owner)
 
     @staticmethod
     def _bookkeeping(write: Callable[[Tier, str], None], tier: Tier, owner: str) -> None:
@@ -668,11 +660,7 @@ class MemoryEngine:
 
     def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
         try:
-            data = partition.to_bytes()
-            parts = [data[at : at + _INDEX_PART] for at in range(0, len(data), _INDEX_PART)]
-            if self._store.save_index(key[0], key[1], partition.generation, parts):
-                partition.saved()
-            else:
+            if not compact.persist(self._store, partition):
                 # Another process saved a newer one, or the log was dropped
                 # (a bulk write) after this was read: not at every write.
                 partition.storage.refused_at = self._now()

@@ -9,6 +9,8 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.memory import Tier
+from sidecar.store import Store
 from tests.conftest import MakeSidecar, run_sidecar, sqlite_file
 
 CAGENT_ROWS = [
@@ -106,3 +108,23 @@ def test_import_of_a_missing_or_foreign_file_fails_clearly(
     code = cli.main(["import-cagent", str(other), "--agent-id", "a", "--db", db], environ={})
     assert code == 1
     assert "no cagent memories table" in capsys.readouterr().err
+
+
+def test_import_indexes_the_agent_notes_when_they_are_held_compactly(tmp_path: Path) -> None:
+    source = make_cagent_db(tmp_path / "cagent.db")
+    config = tmp_path / "config.yaml"
+    config.write_text("defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 3}\n")
+    db = tmp_path / "memory.db"
+
+    code, out, err = run_import(
+        str(source), "--agent-id", "coder", "--db", str(db), "--config", str(config)
+    )
+
+    assert code == 0, err
+    assert "indexed: memory tier of 'coder', 4 memories" in out
+    store = Store(str(db))
+    store.open()
+    try:
+        assert store.compact_source(Tier.MEMORY, "coder").indexed > 0
+    finally:
+        store.close()

@@ -8,12 +8,14 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._statements import Record
 from sidecar.compact import CompactPartition, record_of
@@ -479,3 +481,39 @@ def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, objec
     source = IndexSource(buffer.getvalue(), 1, [], [], Usage(), 1, 0)
     with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
         CompactPartition.restore(Tier.MEMORY, "a", source, twin._fetch)
+
+
+def test_import_indexes_the_large_tiers_it_fills(
+    make_sidecar: MakeSidecar, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A bulk write drops a tier's persisted index; `import` makes it again,
+    # so the daemon's first query reads it instead of indexing every row.
+    source = make_sidecar("defaults: {memory_char_limit: 0}", name="source.db")
+    for note in NOTES:
+        source.add(note, scope=SCOPE)
+    source.add("ada prefers tea", scope=SCOPE, tier=pb.TIER_USER)
+    dump = tmp_path / "dump.jsonl"
+    assert cli.main(["export", str(dump), "--db", source.db], environ={}) == 0
+
+    settings = "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}"
+    config = tmp_path / "compact.yaml"
+    config.write_text(settings)
+    target = make_sidecar(settings, name="target.db")
+    capsys.readouterr()
+    code = cli.main(["import", str(dump), "--db", target.db, "--config", str(config)], environ={})
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"indexed: memory tier of 'agent', {len(NOTES)} memories" in out
+    assert "user tier" not in out  # one entry: held in full, not indexed
+    indexed, logged = _state(target)
+    assert indexed > 0
+    assert logged == 0
+    assert not target.store.compact_source(Tier.USER, "ada").indexed
+
+    # The daemon loads the tier from that index, and answers as from rows.
+    key = (Tier.MEMORY, "agent")
+    assert _observed(target) == _observed(make_sidecar(settings, name="source.db"))
+    loaded = target.sidecar.engine._partitions.get(key)
+    assert isinstance(loaded, CompactPartition)
+    assert loaded.storage.indexed == indexed
+    assert loaded.ops == 0
