@@ -977,6 +977,7 @@ def bench_retrieval(report: Report) -> None:
     for label, names in (
         ("tuning sets", retrieval.TUNING),
         ("held-out sets", retrieval.HELD_OUT),
+        ("LoCoMo-scale sets, never tuned on", retrieval.FRESH),
     ):
         sets = retrieval.load(names)
         plain = retrieval.found(sets, retrieval.plain_bm25)
@@ -1008,7 +1009,10 @@ def bench_retrieval(report: Report) -> None:
         "tokenizer over the same memories. BM25 parameters were chosen on the tuning sets "
         "only (`python -m bench.retrieval --grid`). The hybrid blends in the bundled "
         "all-MiniLM-L6-v2 (server.semantic_encoder: local) at the default weight 0.5 and "
-        "floor 0.35, also chosen on the tuning sets (`--semantic-grid`).",
+        "floor 0.35, also chosen on the tuning sets (`--semantic-grid`). The LoCoMo-scale "
+        "sets (conv5-8: 25 sessions and 320-340 turns each, a fifth of the questions "
+        "paraphrased) were written after all of these were fixed. Issue 11's goal: 70% "
+        "lexically and 75% with semantic retrieval.",
         ["sets", "questions", "count", "plain BM25", "memory-sidecar", "with semantic"],
         rows,
     )
