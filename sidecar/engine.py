@@ -248,9 +248,11 @@ class MemoryEngine:
         # The view shared by every scope with nothing written, per settings; see View.
         self._empty_views: dict[AgentSettings, View] = {}
         self._view_locks = [threading.Lock() for _ in range(_STRIPES)]
-        # Partitions whose compact index is being persisted (one at a time each).
-        self._indexing: set[PartitionKey] = set()
+        # Partitions whose compact index is being persisted (one at a time
+        # each), by the thread doing it; none start once stopping.
+        self._indexing: dict[PartitionKey, threading.Thread] = {}
         self._indexing_lock = threading.Lock()
+        self._indexing_stopped = False
         self._partition_locks = [threading.Lock() for _ in range(_STRIPES)]
         # Limits per configured agent, computed once; every other agent id
         # shares the defaults' (nothing is kept per agent id seen).
@@ -651,12 +653,13 @@ class MemoryEngine:
         if self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
             return
         with self._indexing_lock:
-            if key in self._indexing:
+            if self._indexing_stopped or key in self._indexing:
                 return
-            self._indexing.add(key)
-        threading.Thread(
-            target=self._index, args=(key, partition), name="memory-indexer", daemon=True
-        ).start()
+            thread = threading.Thread(
+                target=self._index, args=(key, partition), name="memory-indexer", daemon=True
+            )
+            self._indexing[key] = thread
+            thread.start()
 
     def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
         try:
@@ -669,12 +672,25 @@ class MemoryEngine:
             log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
         finally:
             with self._indexing_lock:
-                self._indexing.discard(key)
+                self._indexing.pop(key, None)
 
     def indexing(self) -> bool:
         """Whether a compact index is being persisted (tests and the bench wait)."""
         with self._indexing_lock:
             return bool(self._indexing)
+
+    def stop_indexing(self, timeout: float) -> bool:
+        """Start no more index saves and wait up to `timeout` seconds for
+        those under way; whether none is left. The store must not close
+        under one: SQLite's connection closed by another thread in the
+        middle of a commit crashes the process."""
+        with self._indexing_lock:
+            self._indexing_stopped = True
+            threads = list(self._indexing.values())
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.indexing()
 
     def _is_current(self, view: View) -> bool:
         return all(self._is_fresh(p) for p in view.partitions)

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # grpcio sets SO_REUSEPORT by default, which lets a second daemon bind the
 # same port and silently take half the traffic. A port in use must be an error.
 _SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+# How long stop() waits, at the least, for a compact index being saved.
+INDEX_SAVE_GRACE_SECONDS = 10.0
 
 
 class BindError(SidecarError):
@@ -264,7 +266,9 @@ class Sidecar:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish.
 
         Returns once every in-flight call has finished or `grace` seconds
-        have passed, whichever is first. Idempotent.
+        have passed, whichever is first, and then any compact index being
+        saved (waiting up to `grace`, at least INDEX_SAVE_GRACE_SECONDS),
+        so the store can be closed. Idempotent.
         """
         if self._stopped.is_set():
             return
@@ -278,6 +282,10 @@ class Sidecar:
             self.engine.feed.stop()
         if self.engine.semantic is not None:
             self.engine.semantic.stop()
+        # An index save takes about a second at a million entries; one that
+        # outlasts this is given up (the next start indexes or replays).
+        if not self.engine.stop_indexing(max(grace, INDEX_SAVE_GRACE_SECONDS)):
+            log.warning("stopping while a compact index is still being saved")
         self._close_listeners()
         if self._tracing is not None:
             self.store.trace(None)

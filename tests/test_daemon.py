@@ -177,6 +177,33 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
     assert rows == [("written during shutdown",)]
 
 
+def test_stop_waits_for_a_compact_index_being_saved(make_sidecar: MakeSidecar) -> None:
+    # The store closes after stop(): under a thread still saving an index,
+    # SQLite's connection closed mid-commit crashed the process.
+    running = make_sidecar(
+        "defaults: {memory_char_limit: 0}\n"
+        "server: {compact_tier_entries: 10, busy_timeout_ms: 2000}"
+    )
+    scope = pb.Scope(agent_id="big")
+    for k in range(12):
+        running.add(f"note {k}: the worker deploys on friday", scope=scope)
+    blocker = sqlite3.connect(running.db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    # Held compactly from here; the index save this starts waits on the lock.
+    request = pb.SearchMemoriesRequest(scope=scope, query="deploys friday")
+    assert running.stub.SearchMemories(request, timeout=20).hits
+    assert running.sidecar.engine.indexing()
+    stopper = threading.Thread(target=running.sidecar.stop, kwargs={"grace": 0})
+    stopper.start()
+    time.sleep(0.3)
+    assert stopper.is_alive(), "stop() returned while an index was being saved"
+    blocker.execute("COMMIT")
+    blocker.close()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert not running.sidecar.engine.indexing()
+
+
 def test_a_lock_held_past_the_busy_timeout_is_unavailable(
     tmp_path: Path, make_sidecar: MakeSidecar
 ) -> None:
