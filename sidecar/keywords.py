@@ -74,6 +74,56 @@ def words(text: str) -> list[str]:
 # per-call state, so each thread has its own.
 _STEMMERS = threading.local()
 
+# Irregular verbs, which Snowball leaves alone (bought stays bought): base,
+# past, past participle. "When did she buy it" meets "I bought it" once the
+# forms are read as their base. Forms that are also common other words are
+# left out below, and so are verbs whose base is a stopword or too short to
+# be a term (know, tell, think, go).
+_IRREGULAR_VERBS = """
+arise arose arisen awake awoke awoken become became become begin began begun
+bend bent bent bite bit bitten bleed bled bled blow blew blown break broke
+broken breed bred bred bring brought brought build built built burn burnt burnt
+buy bought bought catch caught caught choose chose chosen cling clung clung
+creep crept crept deal dealt dealt dig dug dug draw drew drawn dream dreamt
+dreamt drink drank drunk drive drove driven eat ate eaten fall fell fallen feed
+fed fed feel felt felt fight fought fought find found found flee fled fled fly
+flew flown forbid forbade forbidden forget forgot forgotten forgive forgave
+forgiven freeze froze frozen give gave given grow grew grown hang hung hung
+hear heard heard hide hid hidden hold held held keep kept kept kneel knelt
+knelt lead led led lean leant leant leap leapt leapt learn learnt learnt lend
+lent lent lose lost lost make made made mean meant meant meet met met overcome
+overcame overcome pay paid paid ride rode ridden ring rang rung rise rose risen
+run ran run seek sought sought sell sold sold send sent sent sew sewed sewn
+shake shook shaken shine shone shone shoot shot shot show showed shown shrink
+shrank shrunk sing sang sung sink sank sunk sit sat sat sleep slept slept slide
+slid slid speak spoke spoken speed sped sped spend spent spent spill spilt
+spilt spin spun spun spit spat spat spring sprang sprung stand stood stood
+steal stole stolen stick stuck stuck sting stung stung stink stank stunk
+strike struck struck swear swore sworn sweep swept swept swim swam swum swing
+swung swung take took taken teach taught taught tear tore torn throw threw
+thrown understand understood understood undergo underwent undergone wake woke
+woken wear wore worn weep wept wept win won won withdraw withdrew withdrawn
+write wrote written
+"""
+# Also a noun, an adjective or a name often enough to be read as one.
+_NOT_VERBS = frozenset(
+    "bit bound drew fell felt found ground lead left lit rose saw spoke".split()  # noqa: SIM905
+)
+
+
+def _irregular() -> dict[str, str]:
+    forms: dict[str, str] = {}
+    listed = _IRREGULAR_VERBS.split()
+    for at in range(0, len(listed), 3):
+        base, *inflected = listed[at : at + 3]
+        for form in inflected:
+            if form != base and form not in _NOT_VERBS:
+                forms.setdefault(form, base)
+    return forms
+
+
+IRREGULAR = _irregular()
+
 
 # Indexing a tier stems every word of every entry, and a vocabulary is far
 # smaller than a tier: cached, a stem is a dictionary hit. Bounded, since
@@ -81,9 +131,11 @@ _STEMMERS = threading.local()
 @functools.lru_cache(maxsize=32_768)
 def stem(word: str) -> str:
     """Snowball English: use, uses, used -> use; deploy, deployment ->
-    deploy; cities, city -> citi. Words with digits or other non-letters
+    deploy; cities, city -> citi; an irregular verb's forms as its base
+    (bought -> buy, ate -> eat). Words with digits or other non-letters
     are kept whole, and so is a word whose stem would be shorter than a
     term may be."""
+    word = IRREGULAR.get(word, word)
     if len(word) <= 3 or not word.isalpha():
         return word
     stemmer = getattr(_STEMMERS, "english", None)

@@ -40,6 +40,12 @@ def test_plural_possessive() -> None:
         # Derivations the hand-written suffix rules missed (issue 11).
         ["use", "uses", "used", "using"],
         ["deploy", "deployment", "deployed", "deploying"],
+        # Irregular verbs, which Snowball leaves as they are.
+        ["buy", "bought", "buying", "buys"],
+        ["eat", "ate", "eaten", "eating"],
+        ["meet", "met", "meeting"],
+        ["teach", "taught", "teaching"],
+        ["write", "wrote", "written", "writing"],
     ],
 )
 def test_inflections_share_a_stem(variants: list[str]) -> None:
@@ -88,3 +94,17 @@ def test_stemming_from_many_threads_agrees_with_one() -> None:
     with ThreadPoolExecutor(8) as pool:
         for _ in range(4):
             assert list(pool.map(uncached, words, chunksize=7)) == expected
+
+
+def test_past_forms_that_are_also_other_words_keep_their_meaning() -> None:
+    # "left" is a side, "a bit" an amount, "saw" a tool as often as verbs.
+    assert terms("the left knee, a bit sore; the saw and the rose") == [
+        "left",
+        "knee",
+        "bit",
+        "sore",
+        "saw",
+        "rose",
+    ]
+    # A verb whose base is a stopword is not turned into one.
+    assert terms("she knew and told") == ["knew", "told"]

@@ -79,6 +79,14 @@ def test_the_seeds_and_match_misses_what_ranking_finds(
     assert len(empty_and) >= len(QUESTIONS) // 3
 
 
+def test_an_irregular_past_form_meets_its_base(sidecar: Running) -> None:
+    bought = sidecar.add("Melanie bought a secondhand kiln", scope=SCOPE).memory
+    sidecar.add("Melanie wants a bigger kiln", scope=SCOPE)
+    hits = search(sidecar, "What did Melanie buy?")
+    assert hits[0].memory.id == bought.id
+    assert hits[0].score > hits[1].score  # not a tie on "Melanie"
+
+
 def test_match_all_requires_every_keyword(sidecar: Running, conversation: list[pb.Memory]) -> None:
     hits = search(sidecar, "Melanie 2023", match_all=True)
     assert {h.memory.id for h in hits} == {conversation[i].id for i in (3, 7, 9)}
