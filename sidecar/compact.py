@@ -556,7 +556,8 @@ class CompactPartition:
 # Unicode tables, dates): an index made by another tokeniser is not used.
 _PROBE = (
     "Deployments deployed: the user's résumé, naïve ÉCOLE straße, 東京 notes; "
-    "uses uv and kubectl in July 2023, 7 May 2023, on-call 42 times; bought, ate and left"
+    "uses uv and kubectl in July 2023, 7 May 2023, on-call 42 times; bought, ate and left; "
+    "Dec 4, 2023 and 2023-12-04 in the ER"
 )
 
 

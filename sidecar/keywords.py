@@ -150,8 +150,21 @@ MONTHS = (
     "january", "february", "march", "april", "may", "june",
     "july", "august", "september", "october", "november", "december",
 )  # fmt: skip
-_MONTH_NAMES = frozenset(MONTHS)
+# Month names and their usual abbreviations ("sept" too), read as a month
+# only before a year (or a day and a year): alone, "may", "march" and "jan"
+# are as often other words.
+_MONTH_OF = (
+    {name: name for name in MONTHS}
+    | {name[:3]: name for name in MONTHS if name != "may"}
+    | {"sept": "september"}
+)
 _YEAR = re.compile(r"(1[89]|2[0-9])[0-9][0-9]")
+_DAY = re.compile(r"(0?[1-9]|[12][0-9]|3[01])(st|nd|rd|th)?")
+_MONTH_NUMBER = re.compile(r"0[1-9]|1[0-2]")
+# Two capitals standing alone (ER, PT, UK, TV) are a word, not noise:
+# kept as terms although other 2-character words are not.
+_ACRONYM = re.compile(r"\b[A-Z]{2}\b")
+_NOT_ACRONYMS = frozenset({"ok", "am", "pm"})
 
 
 def month_term(month: str, year: str) -> str:
@@ -160,19 +173,44 @@ def month_term(month: str, year: str) -> str:
     return f"{month}{year}"
 
 
+def _month_at(split: list[str], i: int) -> str | None:
+    """The month-of-year term of a date starting at split[i], if one does:
+    "July 2023", "Dec 4, 2023", "December 4th 2023" ("4 December 2023" is
+    found at its month), or ISO "2023-12-04"."""
+    word = split[i]
+    month = _MONTH_OF.get(word)
+    if month is not None:
+        for at in (i + 1, i + 2):
+            if at < len(split) and _YEAR.fullmatch(split[at]):
+                return month_term(month, split[at])
+            if at < len(split) and not _DAY.fullmatch(split[at]):
+                return None
+        return None
+    if (
+        _YEAR.fullmatch(word)
+        and i + 2 < len(split)
+        and _MONTH_NUMBER.fullmatch(split[i + 1])
+        and len(split[i + 2]) == 2
+        and _DAY.fullmatch(split[i + 2])
+    ):
+        return month_term(MONTHS[int(split[i + 1]) - 1], word)
+    return None
+
+
 def terms(text: str) -> list[str]:
     """Every stemmed, non-stopword term of the text, in order, repeats kept,
-    and a month-of-year term wherever a month name is followed by a year.
+    and a month-of-year term wherever a date names a month and a year.
 
     Used to index a memory: term frequency matters to BM25.
     """
     found: list[str] = []
     split = words(text)
+    acronyms = {a.lower() for a in _ACRONYM.findall(text)} - _NOT_ACRONYMS if text else ()
     for i, word in enumerate(split):
-        if len(word) >= MIN_CHARS and word not in STOPWORDS:
+        if (len(word) >= MIN_CHARS or word in acronyms) and word not in STOPWORDS:
             found.append(stem(word))
-        if word in _MONTH_NAMES and i + 1 < len(split) and _YEAR.fullmatch(split[i + 1]):
-            found.append(month_term(word, split[i + 1]))
+        if (word in _MONTH_OF or len(word) == 4) and (month := _month_at(split, i)):
+            found.append(month)
     return found
 
 

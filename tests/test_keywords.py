@@ -9,7 +9,8 @@ from sidecar.keywords import keywords, stem, terms
 
 def test_the_seeds_basic_rules() -> None:
     # lowercase, strip punctuation, split on whitespace, drop short tokens and stopwords
-    assert keywords(["The DOG, a cat; and an OX!"]) == ["dog", "cat"]
+    # (two capitals alone are kept: see test_two_capitals_are_a_term...)
+    assert keywords(["The DOG, a cat; and an ox!"]) == ["dog", "cat"]
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,53 @@ def test_past_forms_that_are_also_other_words_keep_their_meaning() -> None:
     ]
     # A verb whose base is a stopword is not turned into one.
     assert terms("she knew and told") == ["knew", "told"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "July 2023",
+        "4 July 2023",
+        "July 4, 2023",
+        "July 4th 2023",
+        "Jul 4, 2023",
+        "2023-07-04",
+        "2023/07/04",
+    ],
+)
+def test_a_date_with_a_month_and_a_year_gives_a_month_term(text: str) -> None:
+    assert "july2023" in terms(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "may 2023 was busy",  # month before a year: a date
+        "sept 5, 2021",
+    ],
+)
+def test_lowercase_and_abbreviated_months_count_before_a_year(text: str) -> None:
+    assert any(term.endswith(("2023", "2021")) and not term.isdigit() for term in terms(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I may go in march",  # no year: ordinary words
+        "Jan 12 tickets",  # a name and a count
+        "build 2023 12 345",  # numbers that are not a date
+        "2023-13-01",  # no 13th month
+        "July 45, 2023",  # no 45th day
+    ],
+)
+def test_months_without_a_date_give_no_month_term(text: str) -> None:
+    assert not [t for t in terms(text) if t[:1].isalpha() and t[-4:].isdigit()]
+
+
+def test_two_capitals_are_a_term_other_two_letter_words_are_not() -> None:
+    assert terms("ended up in the ER, then PT twice a week") == [
+        "end", "er", "pt", "twice", "week",
+    ]  # fmt: skip
+    assert keywords(["When was Sam in the ER?"]) == ["sam", "er"]
+    # Lowercase short words stay dropped; so do OK, AM and PM in capitals.
+    assert terms("er, ok, so we go at 10 AM, OK?") == []

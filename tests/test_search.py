@@ -87,6 +87,22 @@ def test_an_irregular_past_form_meets_its_base(sidecar: Running) -> None:
     assert hits[0].score > hits[1].score  # not a tie on "Melanie"
 
 
+def test_dates_written_other_ways_meet_a_month_and_year(sidecar: Running) -> None:
+    iso = sidecar.add("Rotated the staging certificates on 2023-12-04", scope=SCOPE).memory
+    us = sidecar.add("Melanie joined Weight Watchers on Dec 3, 2023", scope=SCOPE).memory
+    sidecar.add("Rotated the production certificates in May", scope=SCOPE)
+    hits = search(sidecar, "What happened on December 4, 2023?")
+    assert {h.memory.id for h in hits} == {iso.id, us.id}
+
+
+def test_an_acronym_is_a_keyword(sidecar: Running) -> None:
+    er = sidecar.add("Sam ended up in the ER with a stomachache", scope=SCOPE).memory
+    sidecar.add("Sam started a new diet", scope=SCOPE)
+    hits = search(sidecar, "When was Sam in the ER?")
+    assert hits[0].memory.id == er.id
+    assert hits[0].score > hits[1].score
+
+
 def test_match_all_requires_every_keyword(sidecar: Running, conversation: list[pb.Memory]) -> None:
     hits = search(sidecar, "Melanie 2023", match_all=True)
     assert {h.memory.id for h in hits} == {conversation[i].id for i in (3, 7, 9)}
