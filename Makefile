@@ -65,9 +65,10 @@ typecheck: $(STAMP)
 check: lint typecheck test
 
 # Benchmarks write docs/BENCHMARKS.md; never part of `make test`.
-# `make bench QUICK=1` is a smoke run of under a minute.
+# `make bench QUICK=1` is a smoke run of under a minute; LOCOMO=path/to/locomo10.json
+# adds LoCoMo's own data to section 14.
 bench: $(STAMP)
-	$(BIN)/python -m bench.run $(if $(QUICK),--quick)
+	$(BIN)/python -m bench.run $(if $(QUICK),--quick) $(if $(LOCOMO),--locomo $(LOCOMO))
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
