@@ -205,12 +205,23 @@ def terms(text: str) -> list[str]:
     """
     found: list[str] = []
     split = words(text)
-    acronyms = {a.lower() for a in _ACRONYM.findall(text)} - _NOT_ACRONYMS if text else ()
+    acronyms: set[str] | None = None  # looked for only if a text has a 2-letter word
     for i, word in enumerate(split):
-        if (len(word) >= MIN_CHARS or word in acronyms) and word not in STOPWORDS:
+        size = len(word)
+        if size >= MIN_CHARS:
+            if word in STOPWORDS:
+                continue
             found.append(stem(word))
-        if (word in _MONTH_OF or len(word) == 4) and (month := _month_at(split, i)):
-            found.append(month)
+            # Every date's month or year is a word of 3 or more characters.
+            if (word in _MONTH_OF or (size == 4 and word.isdigit())) and (
+                month := _month_at(split, i)
+            ):
+                found.append(month)
+        elif size == 2 and word not in STOPWORDS and word not in _NOT_ACRONYMS:
+            if acronyms is None:
+                acronyms = {a.lower() for a in _ACRONYM.findall(text)}
+            if word in acronyms:
+                found.append(word)
     return found
 
 
