@@ -66,8 +66,10 @@ class AgentSettings:
     keyword_llm_timeout_seconds: float = 5.0
     content_scanning: str = "strict"
     # With server.semantic_encoder on: how much of a match's similarity is
-    # the cosine of its embedding with the query's (the rest is BM25), and
-    # the cosine below which an entry that matches no keyword is no match.
+    # the cosine of its embedding with the query's (the rest is BM25; both
+    # scaled over the search's hits, ranking.spread), and the cosine below
+    # which an entry that matches no keyword is no match (a raw cosine: set
+    # for all-MiniLM-L6-v2, another model's cosines lie elsewhere).
     semantic_weight: float = 0.5
     semantic_min_similarity: float = 0.35
     # Resolved from the environment variable named by keyword_llm_api_key_env;
@@ -127,6 +129,12 @@ class ServerSettings:
     semantic_api_key_env: str = ""
     semantic_timeout_seconds: float = 2.0
     semantic_cache_bytes: int = 64 * 1024 * 1024
+    # Put before every query, and before every entry, when embedded: the
+    # instructions retrieval models such as e5 ("query: ", "passage: "), bge
+    # and nomic-embed were trained with. Vectors are kept per encoder and
+    # prefixes, so changing one embeds every entry again.
+    semantic_query_prefix: str = ""
+    semantic_document_prefix: str = ""
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).
@@ -233,6 +241,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
     ),
     "semantic_timeout_seconds": _between(0.05, 120),
+    "semantic_query_prefix": lambda v: None if len(v) <= 256 else "at most 256 characters",
+    "semantic_document_prefix": lambda v: None if len(v) <= 256 else "at most 256 characters",
     "semantic_cache_bytes": _at_least(0),
     "max_content_chars": _at_least(1),
     "max_category_chars": _at_least(1),

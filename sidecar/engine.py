@@ -217,6 +217,8 @@ class MemoryEngine:
                 self._metrics,
                 cache_bytes=config.server.semantic_cache_bytes,
                 compact_from=config.server.compact_tier_entries,
+                query_prefix=config.server.semantic_query_prefix,
+                document_prefix=config.server.semantic_document_prefix,
                 clock=now,
             )
         self.tokens = tokens or TokenCounter()

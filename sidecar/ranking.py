@@ -510,11 +510,28 @@ class Ranked(Protocol):
 @dataclass(frozen=True, slots=True)
 class SemanticScores:
     """A query's cosines for rank(): one per position of the partitions end
-    to end, the blend's weight, and the floor for a match by meaning alone."""
+    to end (NaN for an entry without a vector), the blend's weight, and the
+    floor for a match by meaning alone."""
 
     cosines: FloatArray
     weight: float
     floor: float
+
+
+def spread(cosines: FloatArray) -> FloatArray:
+    """The candidates' cosines scaled to 0..1, the lowest 0 and the best 1,
+    as BM25 is scaled to the best: how far apart two entries are counts, not
+    where a model's cosines happen to lie (all-MiniLM-L6-v2's run from about
+    -0.1 to 0.7, e5's from 0.7 to 0.95), so one blend weight suits any
+    encoder. An entry without a vector (NaN) gets 0; so do all when they
+    are alike."""
+    known = ~np.isnan(cosines)
+    if not known.any():
+        return np.zeros(len(cosines), dtype=np.float64)
+    low, high = float(cosines[known].min()), float(cosines[known].max())
+    if high <= low:
+        return known.astype(np.float64)
+    return np.where(known, (cosines - low) / (high - low), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,8 +668,8 @@ def rank(
     best = float(scores.max())
     similarity = scores / best if best > 0 else scores
     if semantic is not None:
-        similarity = (1 - semantic.weight) * similarity + semantic.weight * np.maximum(
-            semantic.cosines[candidates], 0.0
+        similarity = (1 - semantic.weight) * similarity + semantic.weight * spread(
+            semantic.cosines[candidates]
         )
     blended = weights.similarity * similarity + weights.confidence * (confidence[candidates])
     if deeper is not None and len(candidates) > deeper:

@@ -32,6 +32,7 @@ held compactly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -112,8 +113,8 @@ class VectorSet:
 
     def cosines(self, query: Floats, seqs: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
         """The cosine with the query of the entry at each position (given
-        by its seq); 0 where an entry has no vector."""
-        out = np.zeros(len(seqs), dtype=np.float64)
+        by its seq); NaN where an entry has no vector."""
+        out = np.full(len(seqs), np.nan, dtype=np.float64)
         if not len(self.seqs) or not len(seqs) or self.matrix.shape[1] != len(query):
             return out
         at = np.minimum(np.searchsorted(self.seqs, seqs), len(self.seqs) - 1)
@@ -153,13 +154,22 @@ class Semantic:
         *,
         cache_bytes: int,
         compact_from: int = 0,
+        query_prefix: str = "",
+        document_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.encoder = encoder
         # Tiers this large (server.compact_tier_entries; 0: none) are ranked
         # lexically: the backfill leaves their entries alone.
         self._compact_from = compact_from or None
+        self._prefixes = {"query": query_prefix, "write": document_prefix}
+        self._prefixes["backfill"] = document_prefix
+        # Vectors are stored under this name: made with other prefixes they
+        # are another model's, and embedded again.
         self.model = encoder.name
+        if query_prefix or document_prefix:
+            both = f"{query_prefix}\0{document_prefix}".encode()
+            self.model += f"+prefixes:{hashlib.sha256(both).hexdigest()[:12]}"
         self._store = store
         self._metrics = metrics
         self._clock = clock
@@ -182,6 +192,9 @@ class Semantic:
         if operation != "backfill" and self._pause.remaining():
             self._metrics.semantic_fallbacks.labels(operation, "paused").inc()
             return None
+        prefix = self._prefixes[operation]
+        if prefix:
+            texts = [prefix + text for text in texts]
         started = time.perf_counter()
         try:
             vectors = self.encoder.encode(texts)
@@ -227,12 +240,12 @@ class Semantic:
 
     def similarities(self, partitions: Sequence[Any], query: Floats) -> npt.NDArray[np.float64]:
         """Per position of the partitions end to end (as rank() lays them
-        out), the cosine of that entry with the query; 0 for entries without
-        a vector and for every entry of a compact partition."""
+        out), the cosine of that entry with the query; NaN for entries
+        without a vector and for every entry of a compact partition."""
         parts = []
         for partition in partitions:
             if not isinstance(partition, Partition):
-                parts.append(np.zeros(partition.size, dtype=np.float64))
+                parts.append(np.full(partition.size, np.nan, dtype=np.float64))
                 continue
             vectors = self._held(partition)
             parts.append(vectors.cosines(query, partition.seq))

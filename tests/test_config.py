@@ -177,6 +177,11 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
             "NO_SUCH_KEY is not set",
         ),
         ("agents: {a: {semantic_weight: 2}}", "agents.a.semantic_weight", "between 0 and 1"),
+        (
+            "server: {semantic_query_prefix: '" + "x" * 257 + "'}",
+            "server.semantic_query_prefix",
+            "at most 256 characters",
+        ),
     ],
 )
 def test_semantic_settings_are_checked_at_start(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -279,3 +281,50 @@ def test_pruned_ranking_equals_scoring_every_entry(
     # Most of these queries hold a rare word: most were pruned.
     assert len(answered) == 300
     assert sum(answered) > 200
+
+
+def _blended(cosines: list[float], weight: float = 0.5, floor: float = 0.35) -> dict[str, float]:
+    entries = [
+        memory(1, "river stone"),
+        memory(2, "river"),
+        memory(3, "river cloud"),
+        memory(4, "harbor"),  # no keyword: a hit only by meaning
+        memory(5, "island"),
+    ]
+    scores = ranking.SemanticScores(np.array(cosines, dtype=np.float64), weight, floor)
+    found = rank([build(entries)], ["river", "stone"], Weights(), semantic=scores)
+    return {m.id: score for m, score in found}
+
+
+def test_the_blend_reads_how_far_apart_cosines_are_not_where_they_lie() -> None:
+    # One model's cosines, and another's that crowd near the top (as e5's
+    # do, 0.7-0.95) in the same order: the same ranking and the same scores,
+    # once the floor is set for each.
+    small = [0.20, 0.10, 0.60, 0.50, 0.05]
+    crowded = [0.80 + c / 5 for c in small]
+    ranked = _blended(small)
+    assert ranked == pytest.approx(_blended(crowded, floor=0.80 + 0.35 / 5))
+    assert list(ranked) == list(_blended(crowded, floor=0.80 + 0.35 / 5))
+    # m4 matched by meaning alone, m5 (under the floor) did not; m3's
+    # closeness in meaning lifts it over m1's extra keyword.
+    assert list(ranked) == ["m3", "m1", "m4", "m2"]
+
+
+def test_an_entry_without_a_vector_neither_matches_by_meaning_nor_sets_the_scale() -> None:
+    embedded = _blended([0.80, 0.90, 0.95, 0.93, 0.10], floor=0.9)
+    unembedded = _blended([0.80, math.nan, 0.95, 0.93, 0.10], floor=0.9)
+    # m2 keeps its keyword score and gets nothing for meaning; the others'
+    # scale is still 0.80-0.95, as if a 0 stood in for m2 it would not be.
+    assert unembedded["m1"] == embedded["m1"]
+    assert unembedded["m1"] != _blended([0.80, 0.0, 0.95, 0.93, 0.10], floor=0.9)["m1"]
+    assert unembedded["m2"] < embedded["m2"]
+    # Without a vector, no match by meaning.
+    assert "m4" not in _blended([0.80, 0.90, 0.95, math.nan, 0.10], floor=0.9)
+    assert list(_blended([math.nan] * 5)) == ["m1", "m2", "m3"]  # keywords alone
+
+
+def test_spread_scales_known_cosines_to_zero_and_one() -> None:
+    spread = ranking.spread(np.array([0.2, 0.6, math.nan, 0.4])).tolist()
+    assert spread == pytest.approx([0.0, 1.0, 0.0, 0.5])
+    assert ranking.spread(np.array([0.7, 0.7])).tolist() == [1.0, 1.0]
+    assert ranking.spread(np.array([math.nan])).tolist() == [0.0]

@@ -247,6 +247,40 @@ def test_the_endpoint_embeds_writes_and_queries(
     assert fallbacks(running) == {}
 
 
+def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
+    make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
+) -> None:
+    # e5, bge and nomic-embed want an instruction before a query and
+    # another before a passage.
+    prefixes = ", semantic_query_prefix: 'query: ', semantic_document_prefix: 'passage: '}"
+    with model_endpoint.serving():
+        running = make_sidecar(endpoint_yaml(model_endpoint)[:-1] + prefixes)
+        add_notes(running)
+        search(running, "which musical instrument")  # (MiniLM wants no prefixes)
+        sent = [r["body"]["input"] for r in model_endpoint.requests]
+        assert sent[: len(NOTES)] == [[f"passage: {note}"] for note in NOTES]
+        assert sent[-1] == ["query: which musical instrument"]
+        semantic = running.sidecar.engine.semantic
+        assert semantic is not None
+        assert semantic.model.startswith("endpoint:minilm+prefixes:")
+        assert running.store.unembedded(semantic.model, 0, 100) == []
+
+        # Without the prefixes these vectors are another model's: embedded
+        # again, without them, by the backfill.
+        running.sidecar.stop(grace=1)
+        asked = len(model_endpoint.requests)
+        plain = make_sidecar(endpoint_yaml(model_endpoint), db=running.db)
+        semantic = plain.sidecar.engine.semantic
+        assert semantic is not None
+        assert semantic.model == "endpoint:minilm"
+        deadline = time.monotonic() + 30
+        while plain.store.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert plain.store.unembedded(semantic.model, 0, 1) == []
+        again = [r["body"]["input"] for r in model_endpoint.requests[asked:]]
+    assert sorted(text for batch in again for text in batch) == sorted(NOTES)
+
+
 def test_an_endpoint_that_is_down_loses_nothing_and_is_backfilled(
     make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
 ) -> None:
