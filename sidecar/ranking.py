@@ -523,8 +523,8 @@ def spread(cosines: FloatArray) -> FloatArray:
     as BM25 is scaled to the best: how far apart two entries are counts, not
     where a model's cosines happen to lie (all-MiniLM-L6-v2's run from about
     -0.1 to 0.7, e5's from 0.7 to 0.95), so one blend weight suits any
-    encoder. An entry without a vector (NaN) gets 0; so do all when they
-    are alike."""
+    encoder. An entry without a vector (NaN) gets 0; when the known cosines
+    are all alike, each gets 1, as a lone BM25 match scores 1."""
     known = ~np.isnan(cosines)
     if not known.any():
         return np.zeros(len(cosines), dtype=np.float64)

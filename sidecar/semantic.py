@@ -162,8 +162,12 @@ class Semantic:
         # Tiers this large (server.compact_tier_entries; 0: none) are ranked
         # lexically: the backfill leaves their entries alone.
         self._compact_from = compact_from or None
-        self._prefixes = {"query": query_prefix, "write": document_prefix}
-        self._prefixes["backfill"] = document_prefix
+        # What goes before a text, by operation.
+        self._prefixes = {
+            "query": query_prefix,
+            "write": document_prefix,
+            "backfill": document_prefix,
+        }
         # Vectors are stored under this name: made with other prefixes they
         # are another model's, and embedded again.
         self.model = encoder.name
