@@ -180,11 +180,11 @@ def _month_at(split: list[str], i: int) -> str | None:
     word = split[i]
     month = _MONTH_OF.get(word)
     if month is not None:
-        for at in (i + 1, i + 2):
-            if at < len(split) and _YEAR.fullmatch(split[at]):
-                return month_term(month, split[at])
-            if at < len(split) and not _DAY.fullmatch(split[at]):
-                return None
+        after = split[i + 1 : i + 3]
+        if after and _YEAR.fullmatch(after[0]):
+            return month_term(month, after[0])
+        if len(after) == 2 and _DAY.fullmatch(after[0]) and _YEAR.fullmatch(after[1]):
+            return month_term(month, after[1])
         return None
     if (
         _YEAR.fullmatch(word)

@@ -528,7 +528,8 @@ def spread(cosines: FloatArray) -> FloatArray:
     known = ~np.isnan(cosines)
     if not known.any():
         return np.zeros(len(cosines), dtype=np.float64)
-    low, high = float(cosines[known].min()), float(cosines[known].max())
+    values = cosines[known]
+    low, high = float(values.min()), float(values.max())
     if high <= low:
         return known.astype(np.float64)
     return np.where(known, (cosines - low) / (high - low), 0.0)
