@@ -1,4 +1,5 @@
-"""Small thread-safe caches the engine keeps. Private to sidecar.engine."""
+"""Small thread-safe caches: generations and an LRU. Private to the domain
+(sidecar.partitions, sidecar.semantic, sidecar.service)."""
 
 from __future__ import annotations
 

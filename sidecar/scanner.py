@@ -18,9 +18,12 @@ docs/SECURITY.md).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import unicodedata
 from dataclasses import dataclass
+
+from sidecar.memory import Memory
 
 MODES = ("strict", "warn", "off")
 
@@ -407,3 +410,26 @@ def neutralise_layout(text: str) -> str:
     layout (a rule, a lone separator, a tier header) put in brackets, so an
     entry can never add a rule, header or separator to the frozen block."""
     return LAYOUT_LINE.sub(lambda m: f"[{m.group().strip()}]", _lines(text))
+
+
+def finding(memory: Memory) -> str | None:
+    """The pattern a stored entry fails the scan with, if any (its content or
+    its category); partitions keep it per entry, so it is scanned once."""
+    found = scan(memory.content) or scan(memory.category)
+    return found.pattern if found else None
+
+
+def injectable(mode: str, memory: Memory, found: str | None) -> Memory:
+    """The memory as it may enter a prompt, under scanning `mode`: a stored
+    entry that fails the scan (written before scanning was on, or under
+    `warn`) is replaced by a placeholder naming the pattern, never shown
+    verbatim. With scanning off it is shown, but a line that would fake the
+    block's layout (a rule, a separator, a tier header) is put in brackets:
+    no entry can add one. (An entry without a finding holds no such line:
+    the scan looks for them.)"""
+    if found is None:
+        return memory
+    if mode == "off":
+        content = neutralise_layout(memory.content)
+        return memory if content == memory.content else dataclasses.replace(memory, content=content)
+    return dataclasses.replace(memory, content=PLACEHOLDER.format(pattern=found), category="")

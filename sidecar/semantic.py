@@ -44,8 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sidecar._caches import LRU
-from sidecar.config import ServerSettings
-from sidecar.embedding import Encoder, EncoderError, EndpointEncoder, LocalEncoder
+from sidecar.embedding import Encoder, EncoderError
 from sidecar.errors import SidecarError
 from sidecar.llm import Pause
 from sidecar.memory import Tier
@@ -66,20 +65,6 @@ BACKFILL_EVERY_SECONDS = 600.0
 # again at most this often (the backfill may have filled them since).
 INCOMPLETE_RELOAD_SECONDS = 10.0
 _QUERIES_KEPT = 256
-
-
-def encoder_for(server: ServerSettings) -> Encoder | None:
-    """The encoder server.semantic_encoder names, loaded (None: off)."""
-    if server.semantic_encoder == "local":
-        return LocalEncoder(server.semantic_model_dir or None)
-    if server.semantic_encoder == "endpoint":
-        return EndpointEncoder(
-            server.semantic_base_url,
-            server.semantic_model,
-            server.semantic_api_key,
-            server.semantic_timeout_seconds,
-        )
-    return None
 
 
 def to_stored(vector: Floats) -> bytes:

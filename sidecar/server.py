@@ -22,11 +22,11 @@ from prometheus_client import start_http_server
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.access import TokensFile
 from sidecar.config import Config, ServerSettings
+from sidecar.embedding import Encoder, EndpointEncoder, LocalEncoder
 from sidecar.engine import MemoryEngine
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
 from sidecar.metrics import Metrics
-from sidecar.semantic import encoder_for
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
 
@@ -42,6 +42,20 @@ log = logging.getLogger(__name__)
 _SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 # How long stop() waits, at the least, for a compact index being saved.
 INDEX_SAVE_GRACE_SECONDS = 10.0
+
+
+def encoder_for(server: ServerSettings) -> Encoder | None:
+    """The encoder server.semantic_encoder names, loaded (None: off)."""
+    if server.semantic_encoder == "local":
+        return LocalEncoder(server.semantic_model_dir or None)
+    if server.semantic_encoder == "endpoint":
+        return EndpointEncoder(
+            server.semantic_base_url,
+            server.semantic_model,
+            server.semantic_api_key,
+            server.semantic_timeout_seconds,
+        )
+    return None
 
 
 class BindError(SidecarError):

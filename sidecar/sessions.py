@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from sidecar.memory import Scope
+
 V = TypeVar("V")
 
 # A session's id within its agent: any hashable (the engine uses the
@@ -241,3 +243,15 @@ def _each(sessions: _Sessions[V]) -> Iterator[Session[V]]:
         yield from sessions.values()
     else:
         yield sessions
+
+
+def session_key(scope: Scope, session_id: str) -> SessionId:
+    """A session's id within its agent: sessions of different users of one
+    agent are apart. Without a user_id (the usual case) the bare session id:
+    a str never equals a tuple, and it saves a tuple per session."""
+    return (scope.user_id, session_id) if scope.user_id else session_id
+
+
+def session_scope(agent_id: str, key: SessionId) -> Scope:
+    """The scope of the session with this id (see session_key)."""
+    return Scope(agent_id, key[0]) if isinstance(key, tuple) else Scope(agent_id)

@@ -30,6 +30,7 @@ from sidecar import config as config_mod
 from sidecar import daemon
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.engine import MemoryEngine
 from sidecar.metrics import Metrics
 from sidecar.server import Addresses, Sidecar
 from sidecar.store import Store
@@ -190,6 +191,39 @@ def make_sidecar(
 @pytest.fixture
 def sidecar(make_sidecar: Callable[..., Running]) -> Running:
     return make_sidecar()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+MakeEngine = Callable[..., tuple[MemoryEngine, Clock, Metrics]]
+
+
+@pytest.fixture
+def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
+    """An engine over a real store, with a clock the test moves by hand."""
+    stores: list[Store] = []
+
+    def make(yaml_text: str = "", *, changes: bool = False) -> tuple[MemoryEngine, Clock, Metrics]:
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml_text)
+        cfg = config_mod.load(path, environ={})
+        metrics = Metrics(CollectorRegistry())
+        store = Store(str(tmp_path / "m.db"), on_query=metrics.db_query)
+        store.open()
+        stores.append(store)
+        clock = Clock()
+        engine = MemoryEngine(cfg, store, metrics=metrics, now=clock, changes=changes)
+        return engine, clock, metrics
+
+    yield make
+    for store in stores:
+        store.close()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,142 @@
+"""The compact index's life: how a large tier is loaded, and when and on
+which thread its index is persisted.
+
+A tier of `server.compact_tier_entries` or more is held compactly
+(sidecar.compact). Loading one restores its persisted index and replays the
+writes logged since (sidecar.compact_index), or indexes its rows when there
+is no usable index. The index is saved again in the background, one thread
+per partition, when it is missing or lacks many writes; a refused or failed
+save backs off for INDEX_RETRY_SECONDS. stop() waits for saves under way, so
+the store never closes under one.
+
+Owns: the indexing threads and the back-off. Must not touch: the partition
+cache or generations (sidecar.partitions decides what is current and caches
+what this loads), rendering, ranking, or Peewee (the store's index methods
+do the database side).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sidecar import compact
+from sidecar.compact import CompactPartition
+from sidecar.errors import SidecarError
+from sidecar.memory import Tier
+from sidecar.store import Store
+
+log = logging.getLogger(__name__)
+PartitionKey = tuple[Tier, str]
+# A compact partition's index is persisted again once it lacks this many
+# writes, or 1% of its entries if more: each load replays what it lacks.
+INDEX_EVERY = 1000
+INDEX_RETRY_SECONDS = 60.0
+
+
+class Indexer:
+    """Loads large tiers and keeps their persisted indexes current."""
+
+    def __init__(self, store: Store, *, now: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._now = now
+        # Partitions whose compact index is being persisted (one at a time
+        # each), by the thread doing it; none start once stopping.
+        self._threads: dict[PartitionKey, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def load(self, tier: Tier, owner: str) -> CompactPartition:
+        """A large partition: from its persisted index and the writes logged
+        since, or, without a usable one, from its rows."""
+        source = self._store.compact_source(tier, owner)
+        if source.data:
+            try:
+                restored = CompactPartition.restore(
+                    tier, owner, source, self._store.memories_by_seq
+                )
+            except Exception as exc:  # anything in the bytes: index the rows instead
+                log.warning("the compact index of %s/%s is unusable (%s)", owner, tier.value, exc)
+            else:
+                if restored.count == source.usage.entry_count:
+                    return restored
+                log.warning(
+                    "the compact index of %s/%s holds %d entries where the tier has %d",
+                    owner,
+                    tier.value,
+                    restored.count,
+                    source.usage.entry_count,
+                )
+            log.warning("indexing %s/%s from its rows", owner, tier.value)
+        # Changes are logged from before the rows are read: an index of what
+        # is read can then be completed, however the tier is written meanwhile.
+        self._bookkeeping(self._store.start_logging, tier, owner)
+        return compact.from_rows(self._store, tier, owner)
+
+    def held_in_full(self, tier: Tier, owner: str) -> None:
+        """The tier is held in full now (it shrank, or the threshold rose):
+        nothing would read or trim its log any more, so it stops."""
+        self._bookkeeping(self._store.stop_logging, tier, owner)
+
+    @staticmethod
+    def _bookkeeping(write: Callable[[Tier, str], None], tier: Tier, owner: str) -> None:
+        """A write a read makes for the index's sake: if the database refuses
+        it (read-only, full, busy), the read goes on without it."""
+        try:
+            write(tier, owner)
+        except SidecarError as exc:
+            log.warning("the compact index of %s/%s: %s", owner, tier.value, exc)
+
+    def maybe_index(self, key: PartitionKey, partition: object) -> None:
+        """Persist a compact partition's index in the background when it has
+        none, or when it holds many writes its index lacks (every load
+        replays those). Anything else is left alone."""
+        if not isinstance(partition, CompactPartition):
+            return
+        storage = partition.storage
+        due = max(INDEX_EVERY, partition.count // 100)
+        if storage.indexed and partition.unindexed < due:
+            return
+        if self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
+            return
+        with self._lock:
+            if self._stopped or key in self._threads:
+                return
+            thread = threading.Thread(
+                target=self._index, args=(key, partition), name="memory-indexer", daemon=True
+            )
+            self._threads[key] = thread
+            thread.start()
+
+    def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
+        try:
+            if not compact.persist(self._store, partition):
+                # Another process saved a newer one, or the log was dropped
+                # (a bulk write) after this was read: not at every write.
+                partition.storage.refused_at = self._now()
+        except Exception:  # tried again after INDEX_RETRY_SECONDS
+            partition.storage.refused_at = self._now()
+            log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
+        finally:
+            with self._lock:
+                self._threads.pop(key, None)
+
+    def busy(self) -> bool:
+        """Whether a compact index is being persisted (tests and the bench wait)."""
+        with self._lock:
+            return bool(self._threads)
+
+    def stop(self, timeout: float) -> bool:
+        """Start no more index saves and wait up to `timeout` seconds for
+        those under way; whether none is left. The store must not close
+        under one: SQLite's connection closed by another thread in the
+        middle of a commit crashes the process."""
+        with self._lock:
+            self._stopped = True
+            threads = list(self._threads.values())
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.busy()

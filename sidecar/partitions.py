@@ -1,0 +1,245 @@
+"""Partitions and their freshness: the one room that loads a tier.
+
+A partition is one tier of one owner: its entries and keyword index as of
+one generation, held in full (sidecar.partition) or compactly for a large
+tier (sidecar.compact, loaded through sidecar.indexer). Partitions are kept
+in a bounded LRU shared by every search, view and session.
+
+Freshness: `Generations` holds the newest known generation of each
+partition. Generations live in the database (sidecar._backend); this
+process learns them from its own writes, after the commit and before the
+acknowledgement (`written`), and from the change feed (sidecar.changes) for
+writes made by other processes: other replicas, `import`, `import-cagent`.
+While the feed is unverified (its listener lost, its poller failing),
+callers `verify` the partitions they use against the database first.
+
+Locks: a partition stripe (64 of them, by key) is held by a load and by a
+write of this process to that partition, so the two never interleave: the
+cached partition can be updated by the write's delta instead of being read
+back whole. Stripes are taken in index order; inside them only the
+dictionary locks of Generations and the LRU.
+
+Owns: the partition cache, the generations, the change feed's callback.
+Must not touch: snapshots and sessions (sidecar.snapshots), rendering, or
+ranking; the database only through the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any
+
+from sidecar import scanner
+from sidecar._caches import LRU, Generations
+from sidecar.changes import ChangeFeed
+from sidecar.compact import CompactPartition
+from sidecar.config import Config
+from sidecar.indexer import Indexer
+from sidecar.memory import Memory, Tier
+from sidecar.metrics import Metrics
+from sidecar.ranking import Partition
+from sidecar.store import Store, Written
+from sidecar.tokens import TokenCounter
+
+PartitionKey = tuple[Tier, str]
+# A tier's entries and index: in full, or compact (a large tier).
+AnyPartition = Partition | CompactPartition
+STRIPES = 64
+
+
+class Partitions:
+    """Current partitions, loaded at most once each and kept while used."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        metrics: Metrics,
+        tokens: TokenCounter,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        changes: bool = False,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._tokens = tokens
+        self._threshold = config.server.compact_tier_entries
+        self.indexer = Indexer(store, now=now)
+        self.generations = Generations()
+        self._cache: LRU[PartitionKey, AnyPartition] = LRU(
+            config.server.partition_cache_size,
+            max_weight=config.server.partition_cache_bytes,
+            weigh=lambda partition: partition.nbytes,
+            clock=now,
+        )
+        self._locks = [threading.Lock() for _ in range(STRIPES)]
+        # Without a feed this process assumes it is the database's only writer.
+        self.feed: ChangeFeed | None = None
+        if changes:
+            self.feed = store.change_feed(
+                self.heard,
+                poll_seconds=config.server.change_poll_ms / 1000,
+                heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
+            )
+            metrics.watch_feed(self.feed)
+        # Labelled child looked up once: every remote write touches it.
+        self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
+        metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def cached(self, key: PartitionKey) -> AnyPartition | None:
+        """The cached partition, current or not (None if not cached)."""
+        return self._cache.get(key)
+
+    # --- freshness ------------------------------------------------------------
+
+    def heard(self, owner: str, tier: str, generation: int) -> None:
+        """The change feed's news: some process wrote this partition."""
+        if self.generations.observe_remote((Tier(tier), owner), generation):
+            self._remote_writes.inc()
+
+    def verify(self, keys: Iterable[PartitionKey]) -> None:
+        """Without a verified feed, learn the partitions' generations from the database."""
+        if self.feed is None or self.feed.verified:
+            return
+        for key, generation in self._store.generations(keys).items():
+            self.generations.track(key)
+            self.generations.observe(key, generation)
+
+    @property
+    def verified(self) -> bool:
+        """Whether news of other processes' writes can be trusted without asking."""
+        return self.feed is None or self.feed.verified
+
+    def is_fresh(self, partition: AnyPartition, owner: str | None = None) -> bool:
+        """Whether the partition is current as (tier, owner)'s: its own owner's
+        unless given (the shared empty view's stand-ins, see snapshots.View)."""
+        # A partition whose generation is no longer followed cannot be
+        # trusted (news of other processes' writes to it was not kept).
+        key = (partition.tier, partition.owner if owner is None else owner)
+        newest = self.generations.current(key)
+        return newest is not None and partition.generation >= newest
+
+    # --- loading --------------------------------------------------------------
+
+    def get(self, key: PartitionKey, *, force: bool = False) -> AnyPartition:
+        """The partition as of its current generation, loaded at most once."""
+        cached = self._cache.get(key)
+        if cached is not None and not force and self.is_fresh(cached):
+            return cached
+        with self._stripe(key):
+            # Writes of this process to this partition hold the same lock
+            # (see writing); the rows and the generation come from one
+            # snapshot whoever else writes.
+            cached = self._cache.get(key)
+            if cached is not None and not force and self.is_fresh(cached):
+                return cached
+            # Followed from before the read: news of a write committed after
+            # the read is then kept, and marks what is loaded here stale.
+            # Pinned until cached, so the janitor cannot forget it in between.
+            with self.generations.loading(key):
+                partition = self._load(key)
+                self.generations.observe(key, partition.generation)
+                self._cache.put(key, partition)
+            return partition
+
+    def _load(self, key: PartitionKey) -> AnyPartition:
+        tier, owner = key
+        threshold = self._threshold
+        count, logged = self._store.tier_state(tier, owner)
+        if threshold and count >= threshold:
+            held = self.indexer.load(tier, owner)
+            self.indexer.maybe_index(key, held)
+            return held
+        if logged and threshold:
+            self.indexer.held_in_full(tier, owner)
+        loaded = self._store.tier_entries(tier, owner)
+        return Partition.build(
+            tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
+        )
+
+    def _annotations(self) -> dict[str, Any]:
+        return {"scan": scanner.finding, "count_tokens": self._tokens.count}
+
+    # --- writes of this process -------------------------------------------------
+
+    def _stripe(self, key: PartitionKey) -> threading.Lock:
+        return self._locks[hash(key) % STRIPES]
+
+    @contextlib.contextmanager
+    def writing(self, keys: Iterable[PartitionKey]) -> Iterator[None]:
+        """Hold the partition locks of the partitions a write may change.
+
+        A write and a (re)load of the same partition never interleave, so
+        the cached partition can be updated by the write's delta instead of
+        being read back whole. Stripes are taken in index order.
+        """
+        stripes = sorted({hash(key) % STRIPES for key in keys})
+        with contextlib.ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._locks[stripe])
+            yield
+
+    def added(self, key: PartitionKey, written: Written) -> None:
+        """An AddMemory committed (under `writing`)."""
+        memory, usage = written.memory, written.usage
+
+        def change(partition: AnyPartition, generation: int) -> AnyPartition | None:
+            if isinstance(partition, CompactPartition):
+                return partition.added(memory, generation, usage)
+            return partition.added(memory, generation, usage, **self._annotations())
+
+        self._written(key, written, change)
+
+    def changed(self, key: PartitionKey, written: Written, replacement: Memory | None) -> None:
+        """An update (`replacement` is the entry as written) or a delete
+        (None) of `written.memory` committed (under `writing`)."""
+        target, usage = written.memory, written.usage
+
+        def change(partition: AnyPartition, generation: int) -> AnyPartition | None:
+            if isinstance(partition, CompactPartition):
+                return partition.changed(target, replacement, generation, usage)
+            return partition.changed(
+                target.id, replacement, generation, usage, **self._annotations()
+            )
+
+        self._written(key, written, change)
+
+    def _written(
+        self,
+        key: PartitionKey,
+        written: Written,
+        change: Callable[[AnyPartition, int], AnyPartition | None],
+    ) -> None:
+        """After the commit and before the acknowledgement (under writing).
+
+        A turn that starts after the client hears back never sees the old
+        snapshot as current. A cached partition that was exactly one write
+        behind gets the write applied to it; any other is left to reload.
+        """
+        if written.generation == written.previous:
+            return
+        cached = self._cache.get(key)
+        self.generations.observe(key, written.generation)
+        if cached is not None and cached.generation == written.previous:
+            # StopIteration or None: the entry was not in the cached
+            # partition, or it was not the newest of its storage; it reloads.
+            with contextlib.suppress(StopIteration):
+                changed = change(cached, written.generation)
+                if changed is not None:
+                    self._cache.put(key, changed)
+                    self.indexer.maybe_index(key, changed)
+        self._metrics.snapshot_invalidations.labels("write").inc()
+
+    # --- letting go -------------------------------------------------------------
+
+    def expire(self, unused_since: float, held: Collection[PartitionKey]) -> None:
+        """Let go of cached partitions nobody has used since `unused_since`
+        and nothing holds, then stop following what is neither held nor cached."""
+        self._cache.expire(unused_since, keep=held)
+        self.generations.retain(set(held).union(self._cache.keys()))
