@@ -11,6 +11,11 @@ The per-partition state row (`tier_state`, one per owner and tier) holds the
 partition's content_chars, entry_count and generation. Every write locks it,
 checks the budget against it and advances it in the same transaction, so a
 budget check is O(1) and budgets hold across processes.
+
+Owns: the Backend contract, the table names, PartitionState, the portable SQL on
+the state, index, change-log and vector tables, statement tracing, and which
+error each storage fault is. Must not touch: Peewee's models or query builder
+(sidecar.store), caches, the engine, gRPC, configuration (settings are arguments).
 """
 
 from __future__ import annotations

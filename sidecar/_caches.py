@@ -1,5 +1,11 @@
 """Small thread-safe caches: generations and an LRU. Private to the domain
-(sidecar.partitions, sidecar.semantic, sidecar.service)."""
+(sidecar.partitions, sidecar.semantic, sidecar.service).
+
+Owns: Generations (the newest generation of each key) and LRU (bounded by count
+and weight), each behind one short lock. Must not touch: what they hold (keys and
+values are opaque), the store, metrics, other sidecar modules. Used today by
+sidecar.partitions, sidecar.semantic (retrieval) and sidecar.service (edge).
+"""
 
 from __future__ import annotations
 

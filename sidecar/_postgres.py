@@ -11,6 +11,12 @@ Many replicas share one database. What keeps them correct:
   the write commits.
 - Migrations run under a transaction-scoped advisory lock, so replicas
   starting together migrate once.
+
+Owns: PostgreSQL's pool and connection parameters, DSN redaction, the schema
+steps (4 at once, then 5 and 6), the migration lock, the NOTIFY channel, the
+generation sequence and the listener. Must not touch: SQLite, caches, the engine,
+gRPC; the password is an argument (sidecar.config reads it). Only sidecar.store
+imports this module, inside a function.
 """
 
 from __future__ import annotations

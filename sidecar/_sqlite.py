@@ -3,6 +3,12 @@ online backups, the change poller, and which driver errors mean what.
 
 The sibling for PostgreSQL is sidecar._postgres; both implement
 sidecar._backend.Backend.
+
+Owns: SQLite's pool and pragmas, BEGIN IMMEDIATE, migrations 1-6 (the last is the
+store's SCHEMA_VERSION), online backup, the data_version poller, and
+content_digest (which the store uses for both backends). Must not touch:
+PostgreSQL, caches, the engine, gRPC, os.environ. Migration 2 reads the wall
+clock itself (system_clock), not an injected one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """The store's hot-path statements: rendered by Peewee once, run many times.
 
 Private to sidecar.store.
+
+Owns: Record (a row as the hot paths read it), Template, and the store's hot-path
+statements, by-seq lookups padded to a power of two. Must not touch: a connection
+or a transaction (it renders SQL, the store runs it) or any other sidecar module.
+Not quite private: sidecar.compact imports Record.
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ written. Without a grant in force (no auth configured) every scope is
 allowed, as before per-agent tokens existed.
 
 No grpc here: the interceptor carries the grant across, the service reads it.
+
+Owns: Grant, the call's grant (a context variable), authorize, the tokens file
+and Reloading (also the base of interceptors.TokenFile); it keeps only token
+digests. Must not touch: grpc (the interceptor sets the grant, the service
+checks it), the engine, the store, os.environ; it reads only the tokens file and
+the token files it names.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 Online (over gRPC, to --address): add, list, search, update, rm, usage,
 inject. Offline (on --db, safe while the daemon runs): backup, export,
 import, check.
+
+Owns: the operator commands' behaviour and output: online ones as gRPC clients
+(channel, token, TLS, errors), offline ones on a Store (verified backup, the
+JSON-lines export format, import, check). Must not touch: the engine, SQL (all
+through Store), os.environ. index_large_tiers repeats sidecar.indexer's
+log-then-save steps by calling sidecar.compact directly.
 """
 
 from __future__ import annotations

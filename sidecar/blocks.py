@@ -11,6 +11,11 @@ The system block follows seed 003 exactly:
 
 then a blank line and the USER PROFILE block the same way. The turn block
 follows seed 000: <memories> with one <memory id category tier> per entry.
+
+Owns: the exact text of both blocks (rules, headers and their usage summary, the
+separator, <memory> escaping) and `pick`, what an unlimited tier shows within its
+budget. Must not touch: token counting or scanning (callers pass costs and
+screened entries), the store, snapshots, sessions, gRPC: pure functions.
 """
 
 from __future__ import annotations

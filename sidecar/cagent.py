@@ -3,6 +3,11 @@
 cagent keeps one agent's notes in `memories(id TEXT PRIMARY KEY, created_at
 TEXT, memory TEXT, category TEXT DEFAULT '')`; early versions have no
 category column, and some name the table `user_memories`.
+
+Owns: cagent's schema variants and turning their rows into LegacyEntry records.
+Must not touch: the sidecar's own database (sidecar.cli imports the entries
+through sidecar.store). Its SQL, on cagent's file opened read-only, is the one
+sqlite3 use outside the storage layer.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ A feed is *verified* while its last successful cycle is recent. While it is
 not (a dead listener, a poller that keeps failing), the engine reads the
 generations of the partitions a call uses from the database before trusting
 its caches: slower, never stale.
+
+Owns: the ChangeFeed base: its thread, steppable cycle, verified/stale verdict,
+counters, and the OnChange type. Must not touch: SQL or a driver (the subclasses
+in sidecar._sqlite and sidecar._postgres do), the caches it informs (it only
+calls the callback it is given), gRPC.
 """
 
 from __future__ import annotations

@@ -1,4 +1,15 @@
-"""The `memory-sidecar` command: parse, load config, set up logging, run."""
+"""The `memory-sidecar` command: parse, load config, set up logging, run.
+
+One argparse parser for every subcommand: serve (sidecar.daemon), the online
+and offline operator commands (sidecar.admin), import-cagent (sidecar.cagent),
+health. Server flags become configuration keys through sidecar.config.load.
+
+Owns: subcommands, flags, exit codes and how a failure is reported. Must not
+touch: validating values (sidecar.config), RPCs or output formats
+(sidecar.admin). It is the one module that reads os.environ, handed whole to
+sidecar.config, but it reads MEMORY_SIDECAR_CONFIG itself, and import-cagent's
+store steps are written here rather than in sidecar.admin.
+"""
 
 from __future__ import annotations
 

@@ -18,6 +18,12 @@ MEMORY_SIDECAR_MEMORY_CHAR_LIMIT). An environment or flag value overrides the
 file's value of the same key; a per-agent entry in the file still overrides
 the defaults for that agent. This module is the only one that reads the
 environment, and only through the mapping it is given.
+
+Owns: every setting, default and type, the file/environment/flag precedence,
+cross-key checks, and the secrets read from the variables or files named (API
+keys, the database password). Must not touch: os.environ (sidecar.cli passes it
+in), the network, an open database, grpc. It imports sidecar.embedding inside a
+function, only when semantic_encoder is local.
 """
 
 from __future__ import annotations

@@ -1,4 +1,13 @@
-"""Terminal output for the operator commands: tables, JSON, progress."""
+"""Terminal output for the operator commands: tables, JSON, progress.
+
+sidecar.admin prints through it: aligned tables whose last column wraps to the
+terminal (widths counted in display columns: CJK and emoji take two), indented
+JSON, and a one-line progress report redrawn at most ten times a second.
+
+Owns: how output looks on a terminal and in a pipe (nothing is cut or wrapped
+there). Must not touch: any other sidecar module, the daemon, the database; it
+writes only to the streams it is given (Progress: stderr, and only on a tty).
+"""
 
 from __future__ import annotations
 

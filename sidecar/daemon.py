@@ -1,4 +1,14 @@
-"""`memory-sidecar serve`: open, migrate, serve, and shut down on a signal."""
+"""`memory-sidecar serve`: open, migrate, serve, and shut down on a signal.
+
+serve() opens the store (creating an SQLite file's directory) and migrates it,
+builds and starts a sidecar.server.Sidecar, waits for SIGTERM, SIGINT or `stop`,
+then stops the server before closing the store. sidecar.cli also uses
+setup_logging, and open_store for the offline commands.
+
+Owns: the process's life: logging set-up, signal handling, and the order open,
+migrate, start, stop, close. Must not touch: parsing or validating settings (it
+is handed a Config), request handling, SQL, os.environ.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,12 @@ every vector so vectors from different models are never compared.
 
 Every failure is an `EncoderError` with a bounded `reason`, so the caller can
 fall back to keyword retrieval and count why.
+
+Owns: the Encoder contract, both encoders, the bundled model's location and
+digest, and encoder_missing (which sidecar.config asks). Must not touch: vectors
+at rest or cached (sidecar.semantic), the store, metrics, configuration (settings
+are arguments). LocalEncoder reads its weights from disk once, when built;
+EndpointEncoder blocks its caller on the network for up to its timeout.
 """
 
 from __future__ import annotations

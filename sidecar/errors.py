@@ -4,6 +4,10 @@ Domain code raises these; `sidecar.interceptors` is the one place that turns
 them into gRPC status codes with a `google.rpc.ErrorInfo`. Each leaf carries a
 canonical status-code name (not a grpc import: the domain never imports grpc),
 a stable machine-readable `reason`, and string metadata.
+
+Owns: the exception tree, each leaf's status-code name and default reason, and
+DOMAIN. Must not touch: grpc or protobuf (sidecar.interceptors maps the names),
+logging, or any other sidecar module: it imports none.
 """
 
 from __future__ import annotations

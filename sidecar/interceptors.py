@@ -6,6 +6,11 @@ A SidecarError becomes its status code with a google.rpc.Status carrying an
 ErrorInfo (domain memory.v1, the error's stable reason and metadata). Any
 other exception is logged with its traceback and becomes INTERNAL, without
 leaking the exception's text to the client.
+
+Owns: SidecarError to status (INTERNAL for anything else), the per-call metrics,
+bearer-token authentication (TokenFile, AuthInterceptor) and `_KINDS`. Must not
+touch: the engine, the store, request fields (sidecar.service checks each scope
+against the grant set here). sidecar.tracing imports the private `_KINDS`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ what that misses on conversational text:
 Stems are Snowball's English (Porter 2) through PyStemmer, which also joins
 derivations the earlier hand-written suffix rules missed (use/uses/used,
 deploy/deployment). Both sides of a match are stemmed the same way.
+
+Owns: the tokenizer, STOPWORDS, the irregular verbs, stemming and month terms.
+Must not touch: other sidecar modules, the store, configuration, the network:
+pure functions over text, whose only state is per-thread stemmers and a memo of
+stems.
 """
 
 from __future__ import annotations

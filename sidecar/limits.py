@@ -2,6 +2,10 @@
 
 Every refusal names the field and the limit, in the message and in the
 ErrorInfo metadata, so a client can tell what to shorten.
+
+Owns: the Limits record and the checks on lengths, control characters and item
+counts, with their reasons. Must not touch: the defaults (sidecar.config holds
+them), protobuf messages (callers pass strings and counts), the store; no state.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ client is for runtimes that do not. Any failure (connection, HTTP status,
 timeout, a reply without usable keywords) raises KeywordModelError, and the
 engine falls back to the local tokenizer and counts the fallback; after one,
 turns skip that endpoint for a Pause (reason "paused").
+
+Owns: the keyword prompt and reply parsing, Pause (the back-off sidecar.queries
+and sidecar.semantic use), ModelError, and post_json, the one HTTP client (also
+sidecar.embedding's). Must not touch: the store, configuration (URL, key and
+timeout are arguments), metrics. Its errors are not SidecarErrors: callers fall
+back. A call blocks its caller on the network for up to timeout_seconds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """Domain types: tiers, scopes, memories, usage, and the rules on their fields.
 
 Nothing here knows about gRPC or the database.
+
+Owns: Tier, Scope (which owner holds each tier), Memory, Usage, SEPARATOR and the
+rendered-size rule, and the checks on content and confidence. Must not touch:
+configuration, the clock, or any I/O; of the package it imports only
+sidecar.errors.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 Label values are bounded enumerations: never an agent, user, session or
 memory id.
+
+Owns: every metric's name, help, labels and buckets, and the change feed's
+collector. Must not touch: what it measures (callers count; it reads only the
+feed given to watch_feed, when scraped), ids as label values, or the network
+(sidecar.server serves the registry). Of the package it imports only __version__.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ clients and need no secrecy: the scope is checked on every call anyway.
 A page also ends early when the next entry would push the response past
 the byte budget (server.max_response_bytes), so no response a client asks
 for exceeds gRPC's default 4 MiB receive limit, whatever page_size says.
+
+Owns: the page-token format (versioned, bound to a request digest), page sizes,
+and the byte budget that ends a page early. Must not touch: grpc or generated
+classes (messages are only measured, through ByteSize), the engine, the store;
+no state, and no signing: a token holds no secret.
 """
 
 from __future__ import annotations

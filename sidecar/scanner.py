@@ -14,6 +14,11 @@ Two kinds of finding, each with a stable name reported in ErrorInfo:
 Patterns catch the common, literal forms. They are a tripwire, not a proof of
 safety: paraphrases, other languages and encodings get through (see
 docs/SECURITY.md).
+
+Owns: the patterns, the finding names (in ErrorInfo and metrics), MODES, and
+what each mode shows of a stored entry that fails. Must not touch: the store,
+metrics, configuration (the mode is an argument), or refusing a write (the
+engine raises under strict): pure functions.
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ full; a compact partition (a tier of `compact_tier_entries` or more) is
 ranked lexically: 1.5 KB per entry would dwarf its ~150 bytes. Its entries
 are not embedded either: not by the backfill, nor when written while it is
 held compactly.
+
+Owns: vectors' stored form, the per-partition vector cache, recent query
+vectors, the encoder's pause, and the backfill thread. Must not touch: SQL (it
+uses the store's vector methods), the partition cache or generations (it is told
+of writes and handed partitions), sessions, gRPC. Unlike the rest of retrieval it
+has state and a thread, and a query may wait for the encoder up to its deadline.
 """
 
 from __future__ import annotations

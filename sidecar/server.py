@@ -1,7 +1,16 @@
 """Building and stopping the listeners: API, health, metrics.
 
+`Sidecar` wires the engine (and its encoder), MemoryService, the interceptors
+and the background threads around one open store; sidecar.daemon runs it.
+
 Built separately from running (gRPC's own examples do the same), so tests
 bind port 0 and talk to a real channel.
+
+Owns: the listeners (API with TLS, health, metrics), the interceptor order, the
+worker pool, the janitor, encoder_for, and the order of start and stop. Must not
+touch: request handling (sidecar.service), SQL, os.environ. It does install
+tracing on the store, and starts and stops the engine's `feed` and `semantic`
+itself.
 """
 
 from __future__ import annotations

@@ -1,7 +1,15 @@
 """MemoryService over gRPC: validate the request, call the engine, render.
 
+One handler per RPC of memory.v1.MemoryService. Each resolves its scope first
+(`_scope`): the one place a per-agent token's grant is enforced.
+
 Errors are raised as SidecarErrors and turned into statuses by
 sidecar.interceptors; nothing here builds a status itself.
+
+Owns: the protobuf mapping (tiers, timestamps, strategies, counters), request
+checks (limits, scope and grant), paging, and a cache of prebuilt frozen
+answers. Must not touch: the store, partitions, snapshots or sessions (only
+MemoryEngine), statuses, grpc itself (it subclasses the generated servicer).
 """
 
 from __future__ import annotations

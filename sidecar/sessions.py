@@ -8,6 +8,11 @@ runtime nor a flood of agent ids can grow the daemon without bound.
 
 All state sits behind one lock held only for dictionary updates; building a
 snapshot happens outside it. Nothing is kept for an agent without sessions.
+
+Owns: the session table: each session's view, epoch and compacted flag, the caps
+per agent and in all, idle eviction, and session keys. Must not touch: views
+(generic over V: never built, read or rendered here), partitions, the store,
+metrics (evictions go to on_evict), the clock (callers pass `now`), gRPC.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 tiktoken's cl100k_base when tiktoken is installed and its encoding can be
 loaded (it may need to fetch the encoding file once, which fails offline);
 otherwise len(text) // 4. Responses say which counter produced their numbers.
+
+Owns: which counter is used, chosen once per TokenCounter, and the counter names
+responses report. Must not touch: configuration, gRPC, the store, other sidecar
+modules. Building one may reach the network (tiktoken fetching its encoding, at
+the engine's start-up); counting never does.
 """
 
 from __future__ import annotations

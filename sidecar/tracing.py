@@ -21,6 +21,11 @@ agent, user, session and memory ids, messages), metadata (the bearer
 token), parameter values of SQL statements, or error messages (a
 PostgreSQL error can quote a row). Statements are recorded as their
 parametrised SQL text only.
+
+Owns: the tracer and its OTLP provider, an RPC's server span, a statement's
+client span, and what a span may carry. Must not touch: request or response
+fields, the engine; the store only through the StatementSpans the server
+installs. It imports sidecar.interceptors' private `_KINDS`.
 """
 
 from __future__ import annotations
