@@ -1,5 +1,5 @@
-"""Small thread-safe caches: generations and an LRU. Private to the domain
-(sidecar.partitions, sidecar.semantic, sidecar.service).
+"""Small thread-safe caches: generations and an LRU, for sidecar.partitions,
+sidecar.semantic and sidecar.service.
 
 Owns: Generations (the newest generation of each key) and LRU (bounded by count
 and weight), each behind one short lock. Must not touch: what they hold (keys and

@@ -1,8 +1,8 @@
 """Change feeds: how one process hears about writes another process made.
 
 Every write advances its partition's generation in the database (see
-sidecar._backend). A feed delivers those generations to the engine, which
-then knows which cached partitions and snapshots are stale, so a cached turn
+sidecar._backend). A feed delivers those generations to sidecar.partitions,
+which then knows which cached partitions and snapshots are stale, so a cached turn
 still runs no query at all.
 
 - SQLite (sidecar._sqlite): a background thread polls `PRAGMA data_version`

@@ -2,8 +2,8 @@
 
 The runtime usually owns the model and passes the keywords it extracted; this
 client is for runtimes that do not. Any failure (connection, HTTP status,
-timeout, a reply without usable keywords) raises KeywordModelError, and the
-engine falls back to the local tokenizer and counts the fallback; after one,
+timeout, a reply without usable keywords) raises KeywordModelError, and
+sidecar.queries falls back to the local tokenizer and counts the fallback; after one,
 turns skip that endpoint for a Pause (reason "paused").
 
 Owns: the keyword prompt and reply parsing, Pause (the back-off sidecar.queries
