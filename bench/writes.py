@@ -1,0 +1,67 @@
+"""Section 5 of `make bench`: sustained writes on SQLite.
+
+Owns `bench_writes`: sequential AddMemory calls at durability normal and full.
+Baseline: raw Peewee inserts with the same pragmas (sidecar._sqlite), one
+transaction each, in this process.
+
+Must not touch the PostgreSQL writes (section 10, bench.postgres_writes) nor
+the shared helpers; its databases are writes-*.db and raw-*.db.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import peewee
+
+from bench.corpus import Corpus
+from bench.measure import SCOPE, UNLIMITED, Report, Row, daemon
+from sidecar import _sqlite
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+
+
+def bench_writes(report: Report, work: Path, corpus: Corpus, count: int) -> None:
+    rows: list[Row] = []
+    texts = list(corpus.memories(count * 2))
+    for durability in ("normal", "full"):
+        db = work / f"writes-{durability}.db"
+        config = UNLIMITED + f"server: {{durability: {durability}}}\n"
+        with daemon(db, config) as d, grpc.insecure_channel(d.api) as channel:
+            stub = pb_grpc.MemoryServiceStub(channel)
+            start = time.perf_counter()
+            for text in texts[:count]:
+                stub.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content=text), timeout=60)
+            grpc_rate = count / (time.perf_counter() - start)
+        raw_db = _sqlite.open_database(str(work / f"raw-{durability}.db"), synchronous=durability)
+        raw_db.execute_sql("CREATE TABLE notes (id TEXT PRIMARY KEY, content TEXT, created INT)")
+
+        class Note(peewee.Model):
+            id = peewee.TextField(primary_key=True)
+            content = peewee.TextField()
+            created = peewee.IntegerField()
+
+            class Meta:
+                database = raw_db
+                table_name = "notes"
+
+        start = time.perf_counter()
+        for text in texts[count:]:
+            with raw_db.atomic("IMMEDIATE"):
+                Note.create(id=str(uuid.uuid4()), content=text, created=0)
+        raw_rate = count / (time.perf_counter() - start)
+        raw_db.close_all()
+        rows.append(
+            [durability, f"{grpc_rate:,.0f}/s", f"{raw_rate:,.0f}/s", f"{grpc_rate / raw_rate:.2f}"]
+        )
+    report.add(
+        "5. Sustained writes",
+        f"{count:,} sequential AddMemory calls (budget check, de-duplication, insert, one "
+        "transaction each) against raw Peewee inserts with the same pragmas, one "
+        "transaction each, in this process.",
+        ["durability", "AddMemory over gRPC", "raw Peewee insert", "ratio"],
+        rows,
+    )
