@@ -37,7 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import sidecar
 from bench.corpus import Corpus
-from sidecar import _sqlite
+from sidecar import _sqlite, archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.memory import Memory, Tier
@@ -179,7 +179,7 @@ def populate(db: Path | str, scopes: dict[tuple[str, Tier], list[str]]) -> None:
         for (owner, tier), texts in scopes.items()
         for i, text in enumerate(texts)
     ]
-    store.restore(entries)
+    archive.restore(store, entries)
     store.close()
 
 

@@ -1,6 +1,6 @@
 """The store's hot-path statements: rendered by Peewee once, run many times.
 
-Private to sidecar.store.
+Private to the storage modules (see sidecar.store).
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ from sidecar.metrics import Metrics
 from sidecar.ranking import Partition, SemanticScores, Weights, rank
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionId, SessionTable
-from sidecar.store import Store, Vector, Wanted, Written
+from sidecar.store import Store, Wanted, Written
 from sidecar.tokens import TokenCounter
+from sidecar.vector_store import Vector
 
 log = logging.getLogger(__name__)
 PartitionKey = tuple[Tier, str]
@@ -600,7 +601,7 @@ class MemoryEngine:
         if logged and threshold:
             # Held in full now (it shrank, or the threshold rose): nothing
             # would read or trim its log any more.
-            self._bookkeeping(self._store.stop_logging, tier, owner)
+            self._bookkeeping(self._store.indexes.stop_logging, tier, owner)
         loaded = self._store.tier_entries(tier, owner)
         return Partition.build(
             tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
@@ -609,7 +610,7 @@ class MemoryEngine:
     def _compact(self, tier: Tier, owner: str) -> CompactPartition:
         """A large partition: from its persisted index and the writes logged
         since, or, without a usable one, from its rows."""
-        source = self._store.compact_source(tier, owner)
+        source = self._store.indexes.source(tier, owner)
         if source.data:
             try:
                 restored = CompactPartition.restore(
@@ -630,7 +631,7 @@ class MemoryEngine:
             log.warning("indexing %s/%s from its rows", owner, tier.value)
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
-        self._bookkeeping(self._store.start_logging, tier, owner)
+        self._bookkeeping(self._store.indexes.start_logging, tier, owner)
         return compact.from_rows(self._store, tier, owner)
 
     @staticmethod
