@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.memory import Memory, Tier
@@ -173,7 +174,7 @@ def populate(db: Path | str, scopes: dict[tuple[str, Tier], list[str]]) -> None:
         for (owner, tier), texts in scopes.items()
         for i, text in enumerate(texts)
     ]
-    store.restore(entries)
+    archive.restore(store, entries)
     store.close()
 
 

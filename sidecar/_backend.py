@@ -1,4 +1,5 @@
-"""What the store needs from a database backend. Private to sidecar.store.
+"""What the store needs from a database backend. Private to the storage
+modules (see sidecar.store).
 
 Two backends implement it: SQLite (sidecar._sqlite, the embedded default)
 and PostgreSQL (sidecar._postgres, for many replicas on one database). The

@@ -1,6 +1,6 @@
 """The store's hot-path statements: rendered by Peewee once, run many times.
 
-Private to sidecar.store.
+Private to the storage modules (see sidecar.store).
 
 Owns: Record (a row as the hot paths read it), Template, and the store's hot-path
 statements, by-seq lookups padded to a power of two. Must not touch: a connection

@@ -29,14 +29,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from sidecar import compact
+from sidecar import archive, compact
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import Config
 from sidecar.console import Progress, emit_json, table
 from sidecar.errors import InvalidArgument, SidecarError
 from sidecar.memory import Memory, Tier, check_confidence
-from sidecar.store import SCHEMA_VERSION, Store
+from sidecar.schema import SCHEMA_VERSION
+from sidecar.store import Store
 
 TIERS = {"memory": pb.TIER_MEMORY, "user": pb.TIER_USER, "both": pb.TIER_UNSPECIFIED}
 
@@ -420,7 +421,7 @@ def backup(store: Store, destination: str, out: TextIO) -> int:
             f"{destination} exists; choose a new file", reason="BACKUP_TARGET_EXISTS"
         )
     progress = Progress("backing up (pages)")
-    store.backup(destination, progress.update)
+    archive.backup(store, destination, progress.update)
     progress.done()
     copy = Store(destination)
     try:
@@ -438,7 +439,7 @@ def export(store: Store, destination: str, out: TextIO) -> int:
     sink = out if destination == "-" else open(destination, "w", encoding="utf-8")  # noqa: SIM115
     count = 0
     try:
-        for owner, memory in store.dump():
+        for owner, memory in archive.dump(store):
             print(export_line(owner, memory), file=sink)
             count += 1
             progress.update(count)
@@ -473,7 +474,7 @@ def import_file(store: Store, source: str, out: TextIO, *, compact_from: int = 0
         raise InvalidArgument(f"{source}: no such file", reason="IMPORT_SOURCE_MISSING")
     # Parse everything first: a bad line aborts the import before any write.
     entries = list(_read_lines(source))
-    inserted, present = store.restore(entries)
+    inserted, present = archive.restore(store, entries)
     print(f"imported {inserted:,} of {len(entries):,} memories", file=out)
     if present:
         print(f"skipped {len(present):,} whose id is already present", file=out)
@@ -500,7 +501,7 @@ def index_large_tiers(
         try:
             # Logged from before the rows are read, as the daemon does: a
             # write made meanwhile (a live daemon) is replayed on top of it.
-            store.start_logging(tier, owner)
+            store.indexes.start_logging(tier, owner)
             saved = compact.persist(store, compact.from_rows(store, tier, owner))
         except SidecarError as exc:  # the import itself is committed
             print(f"not indexed: {tier.value} tier of {name!r}: {exc.message}", file=out)

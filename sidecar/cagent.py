@@ -15,9 +15,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from sidecar.archive import LegacyEntry
 from sidecar.clock import parse_timestamp, system_clock, to_micros
 from sidecar.errors import InvalidArgument
-from sidecar.store import LegacyEntry
 
 _TABLES = ("memories", "user_memories")
 

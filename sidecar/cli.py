@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecar import __version__, admin, cagent, config, daemon
+from sidecar import __version__, admin, archive, cagent, config, daemon
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.memory import Scope, Tier
 from sidecar.store import is_dsn
@@ -265,7 +265,8 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
     try:
         store.open()
         scope = Scope(agent_id=args.agent_id)
-        report = store.import_entries(scope, Tier.MEMORY, entries, settings.policy(Tier.MEMORY))
+        policy = settings.policy(Tier.MEMORY)
+        report = archive.import_entries(store, scope, Tier.MEMORY, entries, policy)
         usage = store.usage(scope, [Tier.MEMORY])[Tier.MEMORY]
         limit = settings.memory_char_limit
         budget = f"/{limit:,} chars" if limit else " chars, unlimited"

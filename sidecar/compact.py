@@ -46,10 +46,11 @@ import numpy.typing as npt
 
 from sidecar._statements import Record
 from sidecar.clock import from_micros, to_micros
+from sidecar.index_store import IndexSource
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import K1, B, Postings, date_terms, top_by_confidence
-from sidecar.store import IndexSource, Store
+from sidecar.store import Store
 
 Int32Array = npt.NDArray[np.int32]
 Int64Array = npt.NDArray[np.int64]
@@ -648,17 +649,17 @@ PART_BYTES = 16 * 1024 * 1024
 def from_rows(store: Store, tier: Tier, owner: str) -> CompactPartition:
     """A large partition indexed from its rows, read in batches."""
     return CompactPartition.load(
-        tier, owner, lambda consume: store.scan_tier(tier, owner, consume), store.memories_by_seq
+        tier, owner, lambda consume: store.indexes.scan(tier, owner, consume), store.memories_by_seq
     )
 
 
 def persist(store: Store, partition: CompactPartition) -> bool:
     """Persist the partition's index beside its rows. False when the store
     keeps a newer one, or cannot complete this one from its change log
-    (Store.save_index): nothing is changed then."""
+    (IndexStore.save): nothing is changed then."""
     data = partition.to_bytes()
     parts = [data[at : at + PART_BYTES] for at in range(0, len(data), PART_BYTES)]
-    if not store.save_index(partition.tier, partition.owner, partition.generation, parts):
+    if not store.indexes.save(partition.tier, partition.owner, partition.generation, parts):
         return False
     partition.saved()
     return True

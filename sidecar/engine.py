@@ -48,9 +48,10 @@ from sidecar.ranking import rank
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionTable, session_key, session_scope
 from sidecar.snapshots import Snapshots, View
-from sidecar.store import Store, Vector, Wanted
+from sidecar.store import Store, Wanted
 from sidecar.tokens import TokenCounter
 from sidecar.turns import Injection, Turns, enabled_tiers
+from sidecar.vector_store import Vector
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ class Indexer:
     def load(self, tier: Tier, owner: str) -> CompactPartition:
         """A large partition: from its persisted index and the writes logged
         since, or, without a usable one, from its rows."""
-        source = self._store.compact_source(tier, owner)
+        source = self._store.indexes.source(tier, owner)
         if source.data:
             try:
                 restored = CompactPartition.restore(
@@ -72,13 +72,13 @@ class Indexer:
             log.warning("indexing %s/%s from its rows", owner, tier.value)
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
-        self._bookkeeping(self._store.start_logging, tier, owner)
+        self._bookkeeping(self._store.indexes.start_logging, tier, owner)
         return compact.from_rows(self._store, tier, owner)
 
     def held_in_full(self, tier: Tier, owner: str) -> None:
         """The tier is held in full now (it shrank, or the threshold rose):
         nothing would read or trim its log any more, so it stops."""
-        self._bookkeeping(self._store.stop_logging, tier, owner)
+        self._bookkeeping(self._store.indexes.stop_logging, tier, owner)
 
     @staticmethod
     def _bookkeeping(write: Callable[[Tier, str], None], tier: Tier, owner: str) -> None:

@@ -56,7 +56,8 @@ from sidecar.llm import Pause
 from sidecar.memory import Tier
 from sidecar.metrics import Metrics
 from sidecar.ranking import Partition
-from sidecar.store import Store, Vector, Written
+from sidecar.store import Store, Written
+from sidecar.vector_store import Vector
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +257,7 @@ class Semantic:
             and (vectors.complete or now - vectors.loaded_at < INCOMPLETE_RELOAD_SECONDS)
         ):
             return vectors
-        seqs, data = self._store.vectors(partition.tier, partition.owner, self.model)
+        seqs, data = self._store.vectors.of(partition.tier, partition.owner, self.model)
         matrix = from_stored(data)
         complete = len(seqs) >= partition.count
         if not complete:
@@ -308,7 +309,7 @@ class Semantic:
         many were stored. Stops at the first encoder failure (tried again later)."""
         stored, after = 0, 0
         while not self._stopping.is_set():
-            rows = self._store.unembedded(
+            rows = self._store.vectors.unembedded(
                 self.model, after, BACKFILL_BATCH, below=self._compact_from
             )
             if not rows:
@@ -316,7 +317,7 @@ class Semantic:
             vectors = self._encode([content for _, content, _ in rows], "backfill")
             if vectors is None:
                 break
-            self._store.put_vectors(
+            self._store.vectors.put(
                 self.model,
                 [
                     (seq, digest, to_stored(vector))

@@ -125,6 +125,6 @@ def test_import_indexes_the_agent_notes_when_they_are_held_compactly(tmp_path: P
     store = Store(str(db))
     store.open()
     try:
-        assert store.compact_source(Tier.MEMORY, "coder").indexed > 0
+        assert store.indexes.source(Tier.MEMORY, "coder").indexed > 0
     finally:
         store.close()

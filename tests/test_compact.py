@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar import cli
+from sidecar import archive, cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._statements import Record
 from sidecar.compact import CompactPartition, record_of
+from sidecar.index_store import IndexSource
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.ranking import Partition, Weights, rank
-from sidecar.store import IndexSource
 from tests.conftest import MakeSidecar, Running
 
 pytestmark = pytest.mark.contract
@@ -336,7 +336,7 @@ def _wait_indexed(running: Running) -> None:
 def _state(running: Running) -> tuple[int, int]:
     """(generation, indexed) of the agent's memory tier, and logged changes."""
     generations = running.store.generations([(Tier.MEMORY, "agent")])
-    source = running.store.compact_source(Tier.MEMORY, "agent")
+    source = running.store.indexes.source(Tier.MEMORY, "agent")
     assert source.generation == generations[(Tier.MEMORY, "agent")]
     return source.indexed, len(source.changed) + len(source.removed)
 
@@ -391,39 +391,15 @@ def test_a_bulk_write_drops_the_persisted_index(make_sidecar: MakeSidecar) -> No
     _wait_indexed(running)
     assert _state(running)[0] > 0
     now = datetime.now(UTC)
-    running.store.restore(
-        [("agent", Memory("restored-1", Tier.MEMORY, "restored cron note", "", 1.0, now, now))]
+    archive.restore(
+        running.store,
+        [("agent", Memory("restored-1", Tier.MEMORY, "restored cron note", "", 1.0, now, now))],
     )
     assert _state(running) == (0, 0)
     fresh = make_sidecar(
         "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}", name="bulk.db"
     )
     assert _hits(fresh, "restored cron")[0].memory.id == "restored-1"
-
-
-def test_an_index_is_saved_only_when_it_can_be_complete(make_sidecar: MakeSidecar) -> None:
-    running = make_sidecar("defaults: {memory_char_limit: 0}", name="save.db")
-    key = (Tier.MEMORY, "agent")
-    running.add("uv is the package manager", scope=SCOPE)
-    before = running.store.generations([key])[key]
-    # Nothing is logged yet: an index could never be completed.
-    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"x"])
-    assert _state(running) == (0, 0)
-    running.store.start_logging(Tier.MEMORY, "agent")
-    running.add("the worker deploys with helm", scope=SCOPE)
-    # Logged from `before` on: an index as of `before` is completed by the log.
-    assert running.store.save_index(Tier.MEMORY, "agent", before, [b"not an index"])
-    assert _state(running) == (before, 1)
-    assert not running.store.save_index(Tier.MEMORY, "agent", before, [b"not newer", b"!"])
-    # A refused attempt leaves the index in use as it was.
-    assert running.store.compact_source(Tier.MEMORY, "agent").data == b"not an index"
-    running.add("the cron runs nightly", scope=SCOPE)
-    assert _state(running) == (before, 2)
-    # An unreadable index is set aside: the tier is indexed from its rows.
-    compact = make_sidecar(
-        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 1}", name="save.db"
-    )
-    assert _hits(compact, "cron nightly")[0].memory.content == "the cron runs nightly"
 
 
 def test_changes_made_outside_this_release_are_logged_too(make_sidecar: MakeSidecar) -> None:
@@ -508,7 +484,7 @@ def test_import_indexes_the_large_tiers_it_fills(
     indexed, logged = _state(target)
     assert indexed > 0
     assert logged == 0
-    assert not target.store.compact_source(Tier.USER, "ada").indexed
+    assert not target.store.indexes.source(Tier.USER, "ada").indexed
 
     # The daemon loads the tier from that index, and answers as from rows.
     key = (Tier.MEMORY, "agent")

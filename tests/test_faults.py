@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.errors import DataLoss
 from sidecar.memory import Memory, Tier
@@ -46,12 +47,15 @@ def filled(path: Path, count: int) -> None:
     store = Store(str(path))
     store.open()
     now = datetime.now(UTC)
-    store.restore(
+    archive.restore(
+        store,
         (
-            "coder",
-            Memory(str(uuid.uuid4()), Tier.MEMORY, f"fact number {n} " * 8, "", 1.0, now, now),
-        )
-        for n in range(count)
+            (
+                "coder",
+                Memory(str(uuid.uuid4()), Tier.MEMORY, f"fact number {n} " * 8, "", 1.0, now, now),
+            )
+            for n in range(count)
+        ),
     )
     store.close()
 

@@ -9,7 +9,8 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.errors import StoreError
-from sidecar.store import SCHEMA_VERSION, Store
+from sidecar.schema import SCHEMA_VERSION
+from sidecar.store import Store
 from tests.conftest import MakeSidecar, sqlite_file
 
 # Rows as a schema-1 store held them: one flat table of agent notes, with

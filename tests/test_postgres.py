@@ -11,12 +11,14 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar import archive
 from sidecar import config as config_mod
 from sidecar._postgres import LISTENER_NAME, NotifyListener, redacted
 from sidecar.engine import MemoryEngine
 from sidecar.memory import Scope, Tier
 from sidecar.metrics import Metrics
-from sidecar.store import SCHEMA_VERSION, Store, TierPolicy
+from sidecar.schema import SCHEMA_VERSION
+from sidecar.store import Store, TierPolicy
 from tests import pg
 from tests.conftest import MakeSidecar, Running, run_sidecar
 from tests.test_replicas import SCOPE, eventually, shown
@@ -307,8 +309,12 @@ def test_the_duplicate_check_uses_its_index_after_a_bulk_load(postgres: pg.Clust
     store = Store(dsn)
     store.open()
     now = datetime.now(UTC)
-    store.restore(
-        ("big", Memory(f"m{i}", Tier.MEMORY, f"fact {i}", "", 0.5, now, now)) for i in range(10_000)
+    archive.restore(
+        store,
+        (
+            ("big", Memory(f"m{i}", Tier.MEMORY, f"fact {i}", "", 0.5, now, now))
+            for i in range(10_000)
+        ),
     )
     store.close()
     database = dsn.split("/")[-1].split("?")[0]

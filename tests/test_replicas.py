@@ -177,11 +177,12 @@ def test_import_into_a_live_database_reaches_the_daemon(
     line = admin.export_line
     source = make_sidecar(name="source.db")
     source.add("Deploys go through ArgoCD", scope=other)
+    from sidecar import archive
     from sidecar.store import Store
 
     store = Store(source.db)
     store.open()
-    dump.write_text("".join(line(owner, memory) + "\n" for owner, memory in store.dump()))
+    dump.write_text("".join(line(owner, memory) + "\n" for owner, memory in archive.dump(store)))
     store.close()
 
     result = run_sidecar("import", str(dump), "--db", running.db)

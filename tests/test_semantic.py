@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.embedding import LocalEncoder
-from sidecar.memory import Tier
 from tests.conftest import MakeSidecar, Running
 from tests.endpoint import JsonEndpoint
 
@@ -145,7 +144,7 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
     notes = add_notes(running)
     assert vector_rows(running) == len(NOTES)
     model = running.sidecar.engine.semantic.model  # type: ignore[union-attr]
-    assert running.store.unembedded(model, 0, 100) == []
+    assert running.store.vectors.unembedded(model, 0, 100) == []
 
     # New content, new vector: the old paraphrase no longer finds it, the
     # new one does, on this replica (held vectors) and in the store.
@@ -157,7 +156,7 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
     )
     assert search(running, "what does she like to eat") == []
     assert ids(search(running, "network credentials change")) == [notes[0].id]
-    assert running.store.unembedded(model, 0, 100) == []
+    assert running.store.vectors.unembedded(model, 0, 100) == []
     assert vector_rows(running) == len(NOTES)
 
     # Only the confidence changes: the vector stays.
@@ -194,9 +193,9 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
     semantic = after.sidecar.engine.semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
-    while after.store.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
+    while after.store.vectors.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
         time.sleep(0.05)  # the background backfill starts with the daemon
-    assert after.store.unembedded(semantic.model, 0, 1) == []
+    assert after.store.vectors.unembedded(semantic.model, 0, 1) == []
     assert vector_rows(after) == len(NOTES)
     assert ids(search(after, "when is the daily meeting")) == [notes[2].id]
 
@@ -263,7 +262,7 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         semantic = running.sidecar.engine.semantic
         assert semantic is not None
         assert semantic.model.startswith("endpoint:minilm+prefixes:")
-        assert running.store.unembedded(semantic.model, 0, 100) == []
+        assert running.store.vectors.unembedded(semantic.model, 0, 100) == []
 
         # Without the prefixes these vectors are another model's: embedded
         # again, without them, by the backfill.
@@ -274,9 +273,9 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         assert semantic is not None
         assert semantic.model == "endpoint:minilm"
         deadline = time.monotonic() + 30
-        while plain.store.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
+        while plain.store.vectors.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert plain.store.unembedded(semantic.model, 0, 1) == []
+        assert plain.store.vectors.unembedded(semantic.model, 0, 1) == []
         again = [r["body"]["input"] for r in model_endpoint.requests[asked:]]
     assert sorted(text for batch in again for text in batch) == sorted(NOTES)
 
@@ -325,7 +324,9 @@ def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
         semantic = running.sidecar.engine.semantic
         assert semantic is not None
         deadline = time.monotonic() + 30
-        while running.store.unembedded(semantic.model, 0, 10) and time.monotonic() < deadline:
+        while (
+            running.store.vectors.unembedded(semantic.model, 0, 10) and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         before, asked = fallbacks(running), len(model_endpoint.requests)
         model_endpoint.delay = 5.0
@@ -336,15 +337,6 @@ def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
     added = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
     assert added == {("query", "timeout"): 1, ("query", "paused"): 2}
     assert len(model_endpoint.requests) == asked + 1
-
-
-def test_vectors_are_stored_per_model(make_sidecar: MakeSidecar) -> None:
-    running = make_sidecar(LOCAL)
-    add_notes(running)
-    # Another encoder's name: none of these vectors are its.
-    assert len(running.store.unembedded("endpoint:other", 0, 100)) == len(NOTES)
-    seqs, data = running.store.vectors(Tier.MEMORY, "companion", "endpoint:other")
-    assert (seqs, data) == ([], [])
 
 
 def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
@@ -359,7 +351,10 @@ def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
     semantic = after.sidecar.engine.semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
-    while after.store.unembedded(semantic.model, 0, 10, below=4) and time.monotonic() < deadline:
+    while (
+        after.store.vectors.unembedded(semantic.model, 0, 10, below=4)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     # Only the small tier's two entries were embedded; the compact tier is
     # ranked lexically, and a write to it once held compactly is not embedded.
