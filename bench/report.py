@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # --- the report --------------------------------------------------------------------------
 
 
+def _git(*args: str) -> str:
+    """What a git command prints in the checkout ("" if it fails)."""
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
 def machine() -> list[str]:
     cpu = "unknown"
     try:
@@ -39,20 +45,8 @@ def machine() -> list[str]:
                 break
     except OSError:
         pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
     return [
         f"- commit: `{commit or 'unknown'}`{' (with uncommitted changes)' if dirty else ''}",
         f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
