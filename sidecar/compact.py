@@ -6,12 +6,12 @@ per entry its seq, confidence, recency and category; per term the entries
 that hold it and how often (int32 positions, uint16 counts). The few entries
 a search, a turn or a frozen block actually returns are read from the
 database by seq. About 30 bytes per entry and 6 per (term, entry) pair,
-where a `ranking.Partition` holds about 400 per entry and 16 per pair.
+where a `partition.Partition` holds about 400 per entry and 16 per pair.
 
 Ranking is the same as a Partition's, to the bit (tests/test_compact.py):
-with length normalisation off (ranking.B == 0) a term's BM25 weight depends
+with length normalisation off (partition.B == 0) a term's BM25 weight depends
 only on its count in the entry, so the weight table below holds exactly
-the floats `ranking.term_weights` computes, and rank() adds them up in the
+the floats `partition.term_weights` computes, and rank() adds them up in the
 same order.
 
 Like Partitions, successive CompactPartitions of a tier share storage: the
@@ -48,7 +48,8 @@ from sidecar._statements import Record
 from sidecar.clock import from_micros, to_micros
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.ranking import K1, B, Postings, date_terms, top_by_confidence
+from sidecar.partition import K1, B, date_terms
+from sidecar.ranking import Postings, top_by_confidence
 from sidecar.store import IndexSource, Store
 
 Int32Array = npt.NDArray[np.int32]
@@ -61,8 +62,8 @@ BoolArray = npt.NDArray[np.bool_]
 # one word: 8,192 characters is the default content limit).
 MAX_COUNT = np.iinfo(np.uint16).max
 if B:  # pragma: no cover - a guard for whoever turns normalisation on
-    raise ImportError("compact tiers store term counts: they need ranking.B == 0")
-# ranking.term_weights' expression, with its norm at b = 0.
+    raise ImportError("compact tiers store term counts: they need partition.B == 0")
+# partition.term_weights' expression, with its norm at b = 0.
 _NORM = K1 * (1 - B + B * 0)
 WEIGHTS: FloatArray = np.array(
     [0.0, *(tf * (K1 + 1) / (tf + _NORM) for tf in range(1, MAX_COUNT + 1))], dtype=np.float64
@@ -78,7 +79,7 @@ Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
 
 
 def term_counts(content: str, created_micros: int) -> Counter[str]:
-    """An entry's terms and how often each occurs (ranking.term_weights' counts)."""
+    """An entry's terms and how often each occurs (partition.term_weights' counts)."""
     counts = Counter(terms(content))
     counts.update(date_terms(from_micros(created_micros)))
     return counts

@@ -52,7 +52,8 @@ from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError, Pause
 from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
-from sidecar.ranking import Partition, SemanticScores, Weights, rank
+from sidecar.partition import Partition
+from sidecar.ranking import SemanticScores, Weights, rank
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionId, SessionTable
 from sidecar.store import Store, Vector, Wanted, Written

@@ -50,7 +50,7 @@ from sidecar.errors import SidecarError
 from sidecar.llm import Pause
 from sidecar.memory import Tier
 from sidecar.metrics import Metrics
-from sidecar.ranking import Partition
+from sidecar.partition import Partition
 from sidecar.store import Store, Vector, Written
 
 log = logging.getLogger(__name__)

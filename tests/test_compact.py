@@ -20,7 +20,8 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._statements import Record
 from sidecar.compact import CompactPartition, record_of
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.ranking import Partition, Weights, rank
+from sidecar.partition import Partition
+from sidecar.ranking import Weights, rank
 from sidecar.store import IndexSource
 from tests.conftest import MakeSidecar, Running
 
