@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sidecar import blocks, compact, scanner
+from sidecar import blocks, compact_index, scanner
 from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
 from sidecar.compact import CompactPartition
@@ -613,9 +613,7 @@ class MemoryEngine:
         source = self._store.compact_source(tier, owner)
         if source.data:
             try:
-                restored = CompactPartition.restore(
-                    tier, owner, source, self._store.memories_by_seq
-                )
+                restored = compact_index.restore(tier, owner, source, self._store.memories_by_seq)
             except Exception as exc:  # anything in the bytes: index the rows instead
                 log.warning("the compact index of %s/%s is unusable (%s)", owner, tier.value, exc)
             else:
@@ -632,7 +630,7 @@ class MemoryEngine:
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
         self._bookkeeping(self._store.start_logging, tier, owner)
-        return compact.from_rows(self._store, tier, owner)
+        return compact_index.from_rows(self._store, tier, owner)
 
     @staticmethod
     def _bookkeeping(write: Callable[[Tier, str], None], tier: Tier, owner: str) -> None:
@@ -666,7 +664,7 @@ class MemoryEngine:
 
     def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
         try:
-            if not compact.persist(self._store, partition):
+            if not compact_index.persist(self._store, partition):
                 # Another process saved a newer one, or the log was dropped
                 # (a bulk write) after this was read: not at every write.
                 partition.storage.refused_at = self._now()
