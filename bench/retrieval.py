@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar import ranking, semantic
+from sidecar import partition, ranking, semantic
 from sidecar.embedding import Encoder, LocalEncoder
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Tier, Usage
@@ -151,11 +151,11 @@ Search = Callable[[str], list[str]]
 
 
 def ours(memories: list[Memory]) -> Search:
-    partition = ranking.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
+    indexed = partition.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
     weights = ranking.Weights()
 
     def search(question: str) -> list[str]:
-        hits = ranking.rank([partition], keywords([question]), weights, limit=TOP)
+        hits = ranking.rank([indexed], keywords([question]), weights, limit=TOP)
         return [memory.id for memory, _ in hits]
 
     return search
@@ -168,7 +168,7 @@ def hybrid(
     the daemon does it: vectors stored as float16, the query embedded whole."""
 
     def make(memories: list[Memory]) -> Search:
-        partition = ranking.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
+        indexed = partition.Partition.build(Tier.MEMORY, "o", 1, memories, Usage())
         weights = ranking.Weights()
         stored = [semantic.to_stored(v) for v in encoder.encode([m.content for m in memories])]
         vectors = semantic.VectorSet(
@@ -177,9 +177,9 @@ def hybrid(
 
         def search(question: str) -> list[str]:
             query = encoder.encode([question])[0]
-            scores = ranking.SemanticScores(vectors.cosines(query, partition.seq), weight, floor)
+            scores = ranking.SemanticScores(vectors.cosines(query, indexed.seq), weight, floor)
             hits = ranking.rank(
-                [partition], keywords([question]), weights, limit=TOP, semantic=scores
+                [indexed], keywords([question]), weights, limit=TOP, semantic=scores
             )
             return [memory.id for memory, _ in hits]
 
@@ -256,12 +256,12 @@ def found(sets: Sequence[RelevanceSet], make: Callable[[list[Memory]], Search]) 
 def bm25_parameters(k1: float, b: float) -> Iterator[None]:
     """Our ranking with other BM25 parameters (term weights read them when
     an entry is indexed)."""
-    saved = ranking.K1, ranking.B
-    ranking.K1, ranking.B = k1, b
+    saved = partition.K1, partition.B
+    partition.K1, partition.B = k1, b
     try:
         yield
     finally:
-        ranking.K1, ranking.B = saved
+        partition.K1, partition.B = saved
 
 
 def grid() -> list[tuple[float, float, float, float]]:

@@ -29,7 +29,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from sidecar import archive, compact
+from sidecar import archive, compact_index
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import Config
@@ -502,7 +502,7 @@ def index_large_tiers(
             # Logged from before the rows are read, as the daemon does: a
             # write made meanwhile (a live daemon) is replayed on top of it.
             store.indexes.start_logging(tier, owner)
-            saved = compact.persist(store, compact.from_rows(store, tier, owner))
+            saved = compact_index.persist(store, compact_index.from_rows(store, tier, owner))
         except SidecarError as exc:  # the import itself is committed
             print(f"not indexed: {tier.value} tier of {name!r}: {exc.message}", file=out)
             continue

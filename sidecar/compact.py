@@ -6,12 +6,12 @@ per entry its seq, confidence, recency and category; per term the entries
 that hold it and how often (int32 positions, uint16 counts). The few entries
 a search, a turn or a frozen block actually returns are read from the
 database by seq. About 30 bytes per entry and 6 per (term, entry) pair,
-where a `ranking.Partition` holds about 400 per entry and 16 per pair.
+where a `partition.Partition` holds about 400 per entry and 16 per pair.
 
 Ranking is the same as a Partition's, to the bit (tests/test_compact.py):
-with length normalisation off (ranking.B == 0) a term's BM25 weight depends
+with length normalisation off (partition.B == 0) a term's BM25 weight depends
 only on its count in the entry, so the weight table below holds exactly
-the floats `ranking.term_weights` computes, and rank() adds them up in the
+the floats `partition.term_weights` computes, and rank() adds them up in the
 same order.
 
 Like Partitions, successive CompactPartitions of a tier share storage: the
@@ -22,19 +22,19 @@ the same seq (seq orders ties, so its rank is unchanged). Postings are one
 base segment (CSR: a term's rows are offsets[id]:offsets[id + 1]) built at
 load, plus per-term arrays for what was appended since.
 
-The index is persisted (to_bytes, restore; the engine decides when): the
-entries in seq order and a fresh base segment, as of one generation. A
-trigger logs every change made after that (sidecar._backend), and a load
-replays them: the index plus the log is the tier as of now.
+The index is persisted (sidecar.compact_index; the engine decides when):
+the entries in seq order and a fresh base segment, as of one generation,
+and a load replays the writes logged since.
+
+This module never reads the database itself: a partition's rows come from
+the `scan` and `fetch_rows` it is given. Nor does it rank: rank()
+(sidecar.ranking) reads it as it reads a full partition.
 """
 
 from __future__ import annotations
 
 import array
-import functools
 import hashlib
-import io
-import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,11 +46,10 @@ import numpy.typing as npt
 
 from sidecar._statements import Record
 from sidecar.clock import from_micros, to_micros
-from sidecar.index_store import IndexSource
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.ranking import K1, B, Postings, date_terms, top_by_confidence
-from sidecar.store import Store
+from sidecar.partition import K1, B, date_terms
+from sidecar.ranking import Postings, top_by_confidence
 
 Int32Array = npt.NDArray[np.int32]
 Int64Array = npt.NDArray[np.int64]
@@ -62,24 +61,22 @@ BoolArray = npt.NDArray[np.bool_]
 # one word: 8,192 characters is the default content limit).
 MAX_COUNT = np.iinfo(np.uint16).max
 if B:  # pragma: no cover - a guard for whoever turns normalisation on
-    raise ImportError("compact tiers store term counts: they need ranking.B == 0")
-# ranking.term_weights' expression, with its norm at b = 0.
+    raise ImportError("compact tiers store term counts: they need partition.B == 0")
+# partition.term_weights' expression, with its norm at b = 0.
 _NORM = K1 * (1 - B + B * 0)
 WEIGHTS: FloatArray = np.array(
     [0.0, *(tf * (K1 + 1) / (tf + _NORM) for tf in range(1, MAX_COUNT + 1))], dtype=np.float64
 )
-_ALIVE = np.iinfo(np.int64).max
+ALIVE = np.iinfo(np.int64).max
 # A word appended since the base segment: its dict slot, its string, two
 # small arrays and their tuple.
 _APPENDED_TERM_BYTES = 400
-# The persisted index's layout; another is not read (the tier is indexed again).
-FORMAT = 1
 
 Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
 
 
 def term_counts(content: str, created_micros: int) -> Counter[str]:
-    """An entry's terms and how often each occurs (ranking.term_weights' counts)."""
+    """An entry's terms and how often each occurs (partition.term_weights' counts)."""
     counts = Counter(terms(content))
     counts.update(date_terms(from_micros(created_micros)))
     return counts
@@ -134,7 +131,7 @@ class Vocabulary:
         return self.hashes.nbytes + self.bounds.nbytes + len(self.text)
 
 
-class _Storage:
+class Storage:
     """What one tier's successive compact partitions share."""
 
     def __init__(self) -> None:
@@ -143,7 +140,7 @@ class _Storage:
         self.generation = 0
         # Per entry: seq, confidence, recency (updated_at in seconds, as
         # Partition keeps it), category id, and the generation that removed
-        # it (_ALIVE while it is there). Buffers with room to grow.
+        # it (ALIVE while it is there). Buffers with room to grow.
         self.seq: Int64Array = np.empty(0, dtype=np.int64)
         self.confidence: FloatArray = np.empty(0, dtype=np.float64)
         self.recency: FloatArray = np.empty(0, dtype=np.float64)
@@ -195,7 +192,7 @@ class _Storage:
         self.confidence[position] = record.confidence
         self.recency[position] = record.updated_at / 1_000_000
         self.category[position] = self.category_id(record.category)
-        self.removed_at[position] = _ALIVE
+        self.removed_at[position] = ALIVE
 
     def append_postings(self, position: int, counts: Counter[str]) -> None:
         for term, count in counts.items():
@@ -243,7 +240,7 @@ class CompactPartition:
     # them are not removed (as of `generation`).
     size: int
     count: int
-    storage: _Storage = field(repr=False)
+    storage: Storage = field(repr=False)
     fetch_rows: Fetch = field(repr=False)
     # Writes applied to the storage up to this partition (see `unindexed`).
     ops: int = 0
@@ -262,7 +259,7 @@ class CompactPartition:
     ) -> CompactPartition:
         """Index a partition whose rows `scan` hands over in batches (in
         insertion order) and whose usage and generation it then returns."""
-        storage = _Storage()
+        storage = Storage()
         # Machine ints, not lists of int objects: at a million entries the
         # (word, entry) pairs are ~15 million, 60 MB here, 500 MB as lists.
         term_ids = array.array("i")
@@ -289,7 +286,7 @@ class CompactPartition:
         usage, generation = scan(consume)
         words = list(vocabulary)
         vocabulary.clear()
-        _segment(
+        make_segment(
             storage,
             words,
             np.frombuffer(term_ids, dtype=np.int32).copy(),
@@ -302,55 +299,6 @@ class CompactPartition:
         # Never persisted: everything it holds is unindexed.
         return cls(tier, owner, generation, usage, size, size, storage, fetch_rows, ops=size)
 
-    @classmethod
-    def restore(
-        cls, tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch
-    ) -> CompactPartition:
-        """A partition from its persisted index, and the writes made since."""
-        storage = _Storage()
-        with np.load(io.BytesIO(source.data), allow_pickle=False) as saved:
-            _check(saved)
-            seq = saved["seq"]
-            size = len(seq)
-            storage.grow(size + 1)
-            storage.seq[:size] = seq
-            storage.confidence[:size] = saved["confidence"]
-            storage.recency[:size] = saved["recency"]
-            storage.category[:size] = saved["category"]
-            storage.removed_at[:size] = _ALIVE
-            names = json.loads(saved["categories"].tobytes().decode())
-            storage.categories = {name: i for i, name in enumerate(names)}
-            storage.vocabulary = Vocabulary(
-                saved["hashes"], saved["bounds"], saved["text"].tobytes()
-            )
-            storage.offsets = saved["offsets"]
-            storage.positions = saved["positions"]
-            storage.counts = saved["counts"]
-        storage.size = size
-        storage.npostings = len(storage.positions)
-        storage.indexed = source.indexed
-        count = size
-        # The writes since the index: an entry changed or removed is taken
-        # out (saved entries are in seq order), a changed one put back.
-        for seq_of in [*source.removed, *(r.seq for r in source.changed)]:
-            at = int(np.searchsorted(seq, seq_of))
-            if at < len(seq) and seq[at] == seq_of and storage.removed_at[at] == _ALIVE:
-                storage.removed_at[at] = source.generation
-                storage.removals += 1
-                count -= 1
-        for record in source.changed:
-            storage.grow(storage.size + 1)
-            storage.put(storage.size, record)
-            storage.append_postings(storage.size, term_counts(record.content, record.created_at))
-            storage.size += 1
-            count += 1
-        storage.generation = source.generation
-        ops = source.logged
-        return cls(
-            tier, owner, source.generation, source.usage, storage.size, count, storage,
-            fetch_rows, ops=ops,
-        )  # fmt: skip
-
     @property
     def unindexed(self) -> int:
         """Writes this partition holds that its storage's persisted index
@@ -362,73 +310,6 @@ class CompactPartition:
         with self.storage.lock:
             if self.generation > self.storage.indexed:
                 self.storage.indexed, self.storage.indexed_ops = self.generation, self.ops
-
-    def to_bytes(self) -> bytes:
-        """Its index, to persist: the entries it holds in seq order, their
-        words in a fresh base segment (what was appended folded in)."""
-        storage, size = self.storage, self.size
-        if not storage.removals and not storage.appended and size == storage.size:
-            # Nothing written since it was built (the first index after a
-            # load, in seq order): the base segment is the index as it is.
-            return self._saved_as(np.arange(size), storage)
-        alive = self.alive()
-        kept = np.arange(size) if alive is None else np.flatnonzero(alive)
-        kept = kept[np.argsort(storage.seq[kept], kind="stable")]
-        moved = np.full(size, -1, dtype=np.int32)
-        moved[kept] = np.arange(len(kept), dtype=np.int32)
-        words = storage.vocabulary.words()
-        known: dict[str, int] = {}
-        base_ids = np.repeat(
-            np.arange(len(words), dtype=np.int32), np.diff(storage.offsets).astype(np.int64)
-        )
-        id_parts, position_parts, count_parts = [base_ids], [storage.positions], [storage.counts]
-        for word, (held, tally, filled) in list(storage.appended.items()):
-            visible = int(np.searchsorted(held[:filled], size))
-            term_id = storage.vocabulary.get(word)
-            if term_id is None:
-                term_id = known.get(word)
-                if term_id is None:
-                    term_id = known[word] = len(words)
-                    words.append(word)
-            id_parts.append(np.full(visible, term_id, dtype=np.int32))
-            position_parts.append(held[:visible])
-            count_parts.append(tally[:visible])
-        remapped = moved[np.concatenate(position_parts)]
-        keep = remapped >= 0
-        ids = np.concatenate(id_parts)[keep]
-        counts = np.concatenate(count_parts)[keep]
-        positions = remapped[keep]
-        del remapped, keep, id_parts, position_parts, count_parts
-        # Positions ascending, so that each word's stay ascending in _segment.
-        order = np.argsort(positions, kind="stable")
-        out = _Storage()
-        _segment(out, words, ids[order], positions[order], counts[order])
-        del words, ids, counts, positions, order
-        return self._saved_as(kept, out)
-
-    def _saved_as(self, kept: npt.NDArray[np.integer[Any]], segment: _Storage) -> bytes:
-        """The entries at positions `kept` (in seq order) with `segment`'s
-        words, serialised."""
-        storage = self.storage
-        names = sorted(storage.categories, key=storage.categories.__getitem__)
-        buffer = io.BytesIO()
-        np.savez(
-            buffer,
-            version=np.array([FORMAT]),
-            tokenizer=np.frombuffer(tokenizer().encode(), dtype=np.uint8),
-            seq=storage.seq[kept],
-            confidence=storage.confidence[kept],
-            recency=storage.recency[kept],
-            category=storage.category[kept],
-            categories=np.frombuffer(json.dumps(names).encode(), dtype=np.uint8),
-            hashes=segment.vocabulary.hashes,
-            bounds=segment.vocabulary.bounds,
-            text=np.frombuffer(segment.vocabulary.text, dtype=np.uint8),
-            offsets=segment.offsets,
-            positions=segment.positions,
-            counts=segment.counts,
-        )
-        return buffer.getvalue()
 
     def _owns_end(self) -> bool:
         return self.storage.size == self.size and self.storage.generation == self.generation
@@ -454,7 +335,7 @@ class CompactPartition:
                 return None
             count = self.count
             if replaces is not None:
-                alive = storage.removed_at[: self.size] == _ALIVE
+                alive = storage.removed_at[: self.size] == ALIVE
                 found = np.flatnonzero((storage.seq[: self.size] == replaces.seq) & alive)
                 if not len(found):
                     return None
@@ -553,71 +434,8 @@ class CompactPartition:
         return top_by_confidence(self.confidence, self.recency, self.seq, self.alive(), limit)
 
 
-# Text whose terms change whenever tokenising does (stemmer, stopwords,
-# Unicode tables, dates): an index made by another tokeniser is not used.
-_PROBE = (
-    "Deployments deployed: the user's résumé, naïve ÉCOLE straße, 東京 notes; "
-    "uses uv and kubectl in July 2023, 7 May 2023, on-call 42 times; bought, ate and left; "
-    "Dec 4, 2023 and 2023-12-04 in the ER"
-)
-
-
-@functools.cache
-def tokenizer() -> str:
-    """A fingerprint of how entries are tokenised into index terms."""
-    return hashlib.sha256("\n".join(terms(_PROBE)).encode()).hexdigest()
-
-
-_LAYOUT = {
-    "version": np.int64,
-    "tokenizer": np.uint8,
-    "seq": np.int64,
-    "confidence": np.float64,
-    "recency": np.float64,
-    "category": np.int32,
-    "categories": np.uint8,
-    "hashes": np.int64,
-    "bounds": np.int64,
-    "text": np.uint8,
-    "offsets": np.int64,
-    "positions": np.int32,
-    "counts": np.uint16,
-}
-
-
-def _check(saved: Any) -> None:
-    """Raise ValueError unless a persisted index is one this code wrote, for
-    this tokeniser, and consistent: it comes from the database, so it is
-    checked like input (a bad one is set aside and the rows indexed)."""
-    if set(saved.files) != set(_LAYOUT):
-        raise ValueError(f"unexpected members {sorted(saved.files)}")
-    a = {name: saved[name] for name in _LAYOUT}
-    for name, dtype in _LAYOUT.items():
-        if a[name].dtype != dtype or a[name].ndim != 1:
-            raise ValueError(f"{name} is {a[name].dtype}[{a[name].ndim}]")
-    if a["version"].tolist() != [FORMAT]:
-        raise ValueError(f"format {a['version'].tolist()}, not {FORMAT}")
-    if a["tokenizer"].tobytes().decode(errors="replace") != tokenizer():
-        raise ValueError("made by a different tokeniser")
-    size, words, pairs = len(a["seq"]), len(a["hashes"]), len(a["positions"])
-    names = len(json.loads(a["categories"].tobytes().decode()))
-    offsets, bounds = a["offsets"], a["bounds"]
-    problems = [
-        any(len(a[n]) != size for n in ("confidence", "recency", "category")),
-        len(offsets) != words + 1 or len(bounds) != words + 1 or len(a["counts"]) != pairs,
-        bool(np.any(np.diff(a["seq"]) <= 0)) or bool(np.any(np.diff(a["hashes"]) < 0)),
-        offsets[0] != 0 or offsets[-1] != pairs or bool(np.any(np.diff(offsets) < 0)),
-        bounds[0] != 0 or bounds[-1] != len(a["text"]) or bool(np.any(np.diff(bounds) < 0)),
-        bool(pairs) and (int(a["positions"].min()) < 0 or int(a["positions"].max()) >= size),
-        bool(pairs) and int(a["counts"].min()) < 1,
-        bool(size) and (int(a["category"].min()) < 0 or int(a["category"].max()) >= names),
-    ]
-    if any(problems):
-        raise ValueError(f"inconsistent (check {problems.index(True)})")
-
-
-def _segment(
-    storage: _Storage,
+def make_segment(
+    storage: Storage,
     words: list[str],
     ids: Int32Array,
     positions: Int32Array,
@@ -638,31 +456,6 @@ def _segment(
     storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
     np.cumsum(np.bincount(new_ids, minlength=len(ranked)), out=storage.offsets[1:])
     storage.npostings = len(new_ids)
-
-
-# An index is written in parts of at most this many bytes (a row each:
-# PostgreSQL's bytea and SQLite's blobs stay far from their 1 GB limits, and
-# from a big allocation).
-PART_BYTES = 16 * 1024 * 1024
-
-
-def from_rows(store: Store, tier: Tier, owner: str) -> CompactPartition:
-    """A large partition indexed from its rows, read in batches."""
-    return CompactPartition.load(
-        tier, owner, lambda consume: store.indexes.scan(tier, owner, consume), store.memories_by_seq
-    )
-
-
-def persist(store: Store, partition: CompactPartition) -> bool:
-    """Persist the partition's index beside its rows. False when the store
-    keeps a newer one, or cannot complete this one from its change log
-    (IndexStore.save): nothing is changed then."""
-    data = partition.to_bytes()
-    parts = [data[at : at + PART_BYTES] for at in range(0, len(data), PART_BYTES)]
-    if not store.indexes.save(partition.tier, partition.owner, partition.generation, parts):
-        return False
-    partition.saved()
-    return True
 
 
 def record_of(memory: Memory, owner: str = "") -> Record:

@@ -115,7 +115,7 @@ class ServerSettings:
     # where the OTEL_EXPORTER_OTLP_* variables say (sidecar.tracing).
     tracing: str = "off"
     partition_cache_size: int = 4096
-    # ... and at most about this many bytes of them (ranking.Partition.nbytes).
+    # ... and at most about this many bytes of them (partition.Partition.nbytes).
     partition_cache_bytes: int = 128 * 1024 * 1024
     # A tier with at least this many entries is held as a compact index
     # (sidecar.compact: ~30 bytes per entry and 6 per indexed word, entries

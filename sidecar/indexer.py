@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar import compact
+from sidecar import compact_index
 from sidecar.compact import CompactPartition
 from sidecar.errors import SidecarError
 from sidecar.memory import Tier
@@ -54,9 +54,7 @@ class Indexer:
         source = self._store.indexes.source(tier, owner)
         if source.data:
             try:
-                restored = CompactPartition.restore(
-                    tier, owner, source, self._store.memories_by_seq
-                )
+                restored = compact_index.restore(tier, owner, source, self._store.memories_by_seq)
             except Exception as exc:  # anything in the bytes: index the rows instead
                 log.warning("the compact index of %s/%s is unusable (%s)", owner, tier.value, exc)
             else:
@@ -73,7 +71,7 @@ class Indexer:
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
         self._bookkeeping(self._store.indexes.start_logging, tier, owner)
-        return compact.from_rows(self._store, tier, owner)
+        return compact_index.from_rows(self._store, tier, owner)
 
     def held_in_full(self, tier: Tier, owner: str) -> None:
         """The tier is held in full now (it shrank, or the threshold rose):
@@ -112,7 +110,7 @@ class Indexer:
 
     def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
         try:
-            if not compact.persist(self._store, partition):
+            if not compact_index.persist(self._store, partition):
                 # Another process saved a newer one, or the log was dropped
                 # (a bulk write) after this was read: not at every write.
                 partition.storage.refused_at = self._now()

@@ -40,7 +40,7 @@ from sidecar.config import Config
 from sidecar.indexer import Indexer
 from sidecar.memory import Memory, Tier
 from sidecar.metrics import Metrics
-from sidecar.ranking import Partition
+from sidecar.partition import Partition
 from sidecar.store import Store, Written
 from sidecar.tokens import TokenCounter
 

@@ -55,7 +55,7 @@ from sidecar.errors import SidecarError
 from sidecar.llm import Pause
 from sidecar.memory import Tier
 from sidecar.metrics import Metrics
-from sidecar.ranking import Partition
+from sidecar.partition import Partition
 from sidecar.store import Store, Written
 from sidecar.vector_store import Vector
 

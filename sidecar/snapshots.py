@@ -31,8 +31,8 @@ from sidecar import blocks, scanner
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings
 from sidecar.memory import SEPARATOR, Memory, Scope, Tier, Usage
+from sidecar.partition import Partition
 from sidecar.partitions import STRIPES, AnyPartition, Partitions
-from sidecar.ranking import Partition
 from sidecar.tokens import TokenCounter
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -15,13 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar import archive, cli
+from sidecar import archive, cli, compact_index
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._statements import Record
 from sidecar.compact import CompactPartition, record_of
 from sidecar.index_store import IndexSource
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.ranking import Partition, Weights, rank
+from sidecar.partition import Partition
+from sidecar.ranking import Weights, rank
 from tests.conftest import MakeSidecar, Running
 
 pytestmark = pytest.mark.contract
@@ -168,7 +168,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
     asked: list[tuple[list[str], str, bool, int | None]],
 ) -> None:
     twin = Twin(memories)
-    saved = twin.compact.to_bytes()
+    saved = compact_index.to_bytes(twin.compact)
     touched: set[int] = set()
     history = [(twin.full, twin.compact)]
     for kind, index, entry in ops:
@@ -188,7 +188,15 @@ def test_compact_partitions_rank_exactly_as_full_ones(
     # writes since (what a load replays), both rank as the full partition.
     now_rows = sorted(touched & twin.rows.keys())
     sources = [
-        IndexSource(twin.compact.to_bytes(), twin.generation, [], [], Usage(), twin.generation, 0),
+        IndexSource(
+            compact_index.to_bytes(twin.compact),
+            twin.generation,
+            [],
+            [],
+            Usage(),
+            twin.generation,
+            0,
+        ),
         IndexSource(
             saved,
             1,
@@ -200,7 +208,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
         ),
     ]
     for source in sources:
-        restored = CompactPartition.restore(Tier.MEMORY, "a", source, twin._fetch)
+        restored = compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)
         assert restored.count == twin.full.count
         for query in asked:
             expected = _answers([twin.full], query)
@@ -428,35 +436,6 @@ def test_changes_made_outside_this_release_are_logged_too(make_sidecar: MakeSide
     assert _observed(fresh) == _observed(reference)
     assert _hits(fresh, "zebra")[0].memory.id == ids[0]
     assert indexed > 0
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        lambda a: a.update(positions=a["positions"] + 1000),
-        lambda a: a.update(counts=np.zeros_like(a["counts"])),
-        lambda a: a.update(tokenizer=np.frombuffer(b"another", dtype=np.uint8)),
-        lambda a: a.update(version=np.array([99])),
-        lambda a: a.update(seq=a["seq"][::-1].copy()),
-        lambda a: a.update(offsets=a["offsets"][:-1].copy()),
-        lambda a: a.pop("hashes"),
-    ],
-    ids=["positions", "counts", "tokenizer", "version", "seq order", "offsets", "member"],
-)
-def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, object]], None]) -> None:
-    memories = [
-        Memory(f"m{k}", Tier.MEMORY, f"note {k} on deploys", "", 1.0, START, START, seq=k)
-        for k in range(1, 30)
-    ]
-    twin = Twin(memories)
-    with np.load(io.BytesIO(twin.compact.to_bytes()), allow_pickle=False) as saved:
-        arrays = {name: saved[name] for name in saved.files}
-    damage(arrays)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    source = IndexSource(buffer.getvalue(), 1, [], [], Usage(), 1, 0)
-    with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
-        CompactPartition.restore(Tier.MEMORY, "a", source, twin._fetch)
 
 
 def test_import_indexes_the_large_tiers_it_fills(

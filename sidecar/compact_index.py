@@ -1,0 +1,247 @@
+"""The compact index's persisted form: a CompactPartition's index as bytes
+to keep beside its rows (to_bytes), and a partition restored from them and
+the writes made since (restore).
+
+The bytes hold the entries in seq order and a fresh base segment, as of one
+generation (numpy's npz, FORMAT). A trigger logs every change made after
+that (sidecar._backend), and restore() replays them: the index plus the log
+is the tier as of now. An index comes from the database, so it is checked
+like input: one of another format, made by another tokeniser (tokenizer())
+or inconsistent is refused, and the engine indexes the rows instead
+(from_rows). persist() saves one through the store.
+
+It touches the database only through the Store it is handed, decides
+nothing about when to persist (the engine does) and never ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar.compact import (
+    ALIVE,
+    CompactPartition,
+    Fetch,
+    Storage,
+    Vocabulary,
+    make_segment,
+    term_counts,
+)
+from sidecar.index_store import IndexSource
+from sidecar.keywords import terms
+from sidecar.memory import Tier
+from sidecar.store import Store
+
+# The persisted index's layout; another is not read (the tier is indexed again).
+FORMAT = 1
+
+
+def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> CompactPartition:
+    """A partition from its persisted index, and the writes made since."""
+    storage = Storage()
+    with np.load(io.BytesIO(source.data), allow_pickle=False) as saved:
+        _check(saved)
+        seq = saved["seq"]
+        size = len(seq)
+        storage.grow(size + 1)
+        storage.seq[:size] = seq
+        storage.confidence[:size] = saved["confidence"]
+        storage.recency[:size] = saved["recency"]
+        storage.category[:size] = saved["category"]
+        storage.removed_at[:size] = ALIVE
+        names = json.loads(saved["categories"].tobytes().decode())
+        storage.categories = {name: i for i, name in enumerate(names)}
+        storage.vocabulary = Vocabulary(saved["hashes"], saved["bounds"], saved["text"].tobytes())
+        storage.offsets = saved["offsets"]
+        storage.positions = saved["positions"]
+        storage.counts = saved["counts"]
+    storage.size = size
+    storage.npostings = len(storage.positions)
+    storage.indexed = source.indexed
+    count = size
+    # The writes since the index: an entry changed or removed is taken
+    # out (saved entries are in seq order), a changed one put back.
+    for seq_of in [*source.removed, *(r.seq for r in source.changed)]:
+        at = int(np.searchsorted(seq, seq_of))
+        if at < len(seq) and seq[at] == seq_of and storage.removed_at[at] == ALIVE:
+            storage.removed_at[at] = source.generation
+            storage.removals += 1
+            count -= 1
+    for record in source.changed:
+        storage.grow(storage.size + 1)
+        storage.put(storage.size, record)
+        storage.append_postings(storage.size, term_counts(record.content, record.created_at))
+        storage.size += 1
+        count += 1
+    storage.generation = source.generation
+    ops = source.logged
+    return CompactPartition(
+        tier, owner, source.generation, source.usage, storage.size, count, storage,
+        fetch_rows, ops=ops,
+    )  # fmt: skip
+
+
+def to_bytes(partition: CompactPartition) -> bytes:
+    """A partition's index, to persist: the entries it holds in seq order, their
+    words in a fresh base segment (what was appended folded in)."""
+    storage, size = partition.storage, partition.size
+    if not storage.removals and not storage.appended and size == storage.size:
+        # Nothing written since it was built (the first index after a
+        # load, in seq order): the base segment is the index as it is.
+        return _saved_as(partition, np.arange(size), storage)
+    alive = partition.alive()
+    kept = np.arange(size) if alive is None else np.flatnonzero(alive)
+    kept = kept[np.argsort(storage.seq[kept], kind="stable")]
+    moved = np.full(size, -1, dtype=np.int32)
+    moved[kept] = np.arange(len(kept), dtype=np.int32)
+    words = storage.vocabulary.words()
+    known: dict[str, int] = {}
+    base_ids = np.repeat(
+        np.arange(len(words), dtype=np.int32), np.diff(storage.offsets).astype(np.int64)
+    )
+    id_parts, position_parts, count_parts = [base_ids], [storage.positions], [storage.counts]
+    for word, (held, tally, filled) in list(storage.appended.items()):
+        visible = int(np.searchsorted(held[:filled], size))
+        term_id = storage.vocabulary.get(word)
+        if term_id is None:
+            term_id = known.get(word)
+            if term_id is None:
+                term_id = known[word] = len(words)
+                words.append(word)
+        id_parts.append(np.full(visible, term_id, dtype=np.int32))
+        position_parts.append(held[:visible])
+        count_parts.append(tally[:visible])
+    remapped = moved[np.concatenate(position_parts)]
+    keep = remapped >= 0
+    ids = np.concatenate(id_parts)[keep]
+    counts = np.concatenate(count_parts)[keep]
+    positions = remapped[keep]
+    del remapped, keep, id_parts, position_parts, count_parts
+    # Positions ascending, so that each word's stay ascending in make_segment.
+    order = np.argsort(positions, kind="stable")
+    out = Storage()
+    make_segment(out, words, ids[order], positions[order], counts[order])
+    del words, ids, counts, positions, order
+    return _saved_as(partition, kept, out)
+
+
+def _saved_as(
+    partition: CompactPartition, kept: npt.NDArray[np.integer[Any]], segment: Storage
+) -> bytes:
+    """The entries at positions `kept` (in seq order) with `segment`'s
+    words, serialised."""
+    storage = partition.storage
+    names = sorted(storage.categories, key=storage.categories.__getitem__)
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        version=np.array([FORMAT]),
+        tokenizer=np.frombuffer(tokenizer().encode(), dtype=np.uint8),
+        seq=storage.seq[kept],
+        confidence=storage.confidence[kept],
+        recency=storage.recency[kept],
+        category=storage.category[kept],
+        categories=np.frombuffer(json.dumps(names).encode(), dtype=np.uint8),
+        hashes=segment.vocabulary.hashes,
+        bounds=segment.vocabulary.bounds,
+        text=np.frombuffer(segment.vocabulary.text, dtype=np.uint8),
+        offsets=segment.offsets,
+        positions=segment.positions,
+        counts=segment.counts,
+    )
+    return buffer.getvalue()
+
+
+# Text whose terms change whenever tokenising does (stemmer, stopwords,
+# Unicode tables, dates): an index made by another tokeniser is not used.
+_PROBE = (
+    "Deployments deployed: the user's résumé, naïve ÉCOLE straße, 東京 notes; "
+    "uses uv and kubectl in July 2023, 7 May 2023, on-call 42 times; bought, ate and left; "
+    "Dec 4, 2023 and 2023-12-04 in the ER"
+)
+
+
+@functools.cache
+def tokenizer() -> str:
+    """A fingerprint of how entries are tokenised into index terms."""
+    return hashlib.sha256("\n".join(terms(_PROBE)).encode()).hexdigest()
+
+
+_LAYOUT = {
+    "version": np.int64,
+    "tokenizer": np.uint8,
+    "seq": np.int64,
+    "confidence": np.float64,
+    "recency": np.float64,
+    "category": np.int32,
+    "categories": np.uint8,
+    "hashes": np.int64,
+    "bounds": np.int64,
+    "text": np.uint8,
+    "offsets": np.int64,
+    "positions": np.int32,
+    "counts": np.uint16,
+}
+
+
+def _check(saved: Any) -> None:
+    """Raise ValueError unless a persisted index is one this code wrote, for
+    this tokeniser, and consistent: it comes from the database, so it is
+    checked like input (a bad one is set aside and the rows indexed)."""
+    if set(saved.files) != set(_LAYOUT):
+        raise ValueError(f"unexpected members {sorted(saved.files)}")
+    a = {name: saved[name] for name in _LAYOUT}
+    for name, dtype in _LAYOUT.items():
+        if a[name].dtype != dtype or a[name].ndim != 1:
+            raise ValueError(f"{name} is {a[name].dtype}[{a[name].ndim}]")
+    if a["version"].tolist() != [FORMAT]:
+        raise ValueError(f"format {a['version'].tolist()}, not {FORMAT}")
+    if a["tokenizer"].tobytes().decode(errors="replace") != tokenizer():
+        raise ValueError("made by a different tokeniser")
+    size, words, pairs = len(a["seq"]), len(a["hashes"]), len(a["positions"])
+    names = len(json.loads(a["categories"].tobytes().decode()))
+    offsets, bounds = a["offsets"], a["bounds"]
+    problems = [
+        any(len(a[n]) != size for n in ("confidence", "recency", "category")),
+        len(offsets) != words + 1 or len(bounds) != words + 1 or len(a["counts"]) != pairs,
+        bool(np.any(np.diff(a["seq"]) <= 0)) or bool(np.any(np.diff(a["hashes"]) < 0)),
+        offsets[0] != 0 or offsets[-1] != pairs or bool(np.any(np.diff(offsets) < 0)),
+        bounds[0] != 0 or bounds[-1] != len(a["text"]) or bool(np.any(np.diff(bounds) < 0)),
+        bool(pairs) and (int(a["positions"].min()) < 0 or int(a["positions"].max()) >= size),
+        bool(pairs) and int(a["counts"].min()) < 1,
+        bool(size) and (int(a["category"].min()) < 0 or int(a["category"].max()) >= names),
+    ]
+    if any(problems):
+        raise ValueError(f"inconsistent (check {problems.index(True)})")
+
+
+# An index is written in parts of at most this many bytes (a row each:
+# PostgreSQL's bytea and SQLite's blobs stay far from their 1 GB limits, and
+# from a big allocation).
+PART_BYTES = 16 * 1024 * 1024
+
+
+def from_rows(store: Store, tier: Tier, owner: str) -> CompactPartition:
+    """A large partition indexed from its rows, read in batches."""
+    return CompactPartition.load(
+        tier, owner, lambda consume: store.indexes.scan(tier, owner, consume), store.memories_by_seq
+    )
+
+
+def persist(store: Store, partition: CompactPartition) -> bool:
+    """Persist the partition's index beside its rows. False when the store
+    keeps a newer one, or cannot complete this one from its change log
+    (IndexStore.save): nothing is changed then."""
+    data = to_bytes(partition)
+    parts = [data[at : at + PART_BYTES] for at in range(0, len(data), PART_BYTES)]
+    if not store.indexes.save(partition.tier, partition.owner, partition.generation, parts):
+        return False
+    partition.saved()
+    return True

@@ -1,0 +1,49 @@
+"""The compact index's persisted form (sidecar.compact_index): one damaged,
+foreign or of another format is refused.
+
+Its round trip (persisted and restored, as of now and as of a start plus
+the writes since) is checked in tests/test_compact.py, beside the ranking it
+must give.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from sidecar import compact_index
+from sidecar.memory import Memory, Tier, Usage
+from sidecar.store import IndexSource
+from tests.test_compact import START, Twin
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda a: a.update(positions=a["positions"] + 1000),
+        lambda a: a.update(counts=np.zeros_like(a["counts"])),
+        lambda a: a.update(tokenizer=np.frombuffer(b"another", dtype=np.uint8)),
+        lambda a: a.update(version=np.array([99])),
+        lambda a: a.update(seq=a["seq"][::-1].copy()),
+        lambda a: a.update(offsets=a["offsets"][:-1].copy()),
+        lambda a: a.pop("hashes"),
+    ],
+    ids=["positions", "counts", "tokenizer", "version", "seq order", "offsets", "member"],
+)
+def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, object]], None]) -> None:
+    memories = [
+        Memory(f"m{k}", Tier.MEMORY, f"note {k} on deploys", "", 1.0, START, START, seq=k)
+        for k in range(1, 30)
+    ]
+    twin = Twin(memories)
+    with np.load(io.BytesIO(compact_index.to_bytes(twin.compact)), allow_pickle=False) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    damage(arrays)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    source = IndexSource(buffer.getvalue(), 1, [], [], Usage(), 1, 0)
+    with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
+        compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)
