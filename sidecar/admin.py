@@ -7,8 +7,9 @@ import, check.
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
 (channel, token, TLS, errors), offline ones on a Store (verified backup, the
 JSON-lines export format, import, check). Must not touch: the engine, SQL (all
-through Store), os.environ. index_large_tiers repeats sidecar.indexer's
-log-then-save steps by calling sidecar.compact directly.
+through Store), os.environ. index_large_tiers takes sidecar.indexer's
+log-then-save steps itself (sidecar.compact_index), synchronously and
+reporting a refused write, where the daemon saves in the background.
 """
 
 from __future__ import annotations
