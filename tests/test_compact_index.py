@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from sidecar import compact_index
+from sidecar.index_store import IndexSource
 from sidecar.memory import Memory, Tier, Usage
-from sidecar.store import IndexSource
 from tests.test_compact import START, Twin
 
 
