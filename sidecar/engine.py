@@ -277,6 +277,10 @@ class MemoryEngine:
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
         return self._store.list_memories(scope, tiers, category, after_seq=after_seq, limit=limit)
 
+    def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
+        """The tiers' usage now, as the scope sees them."""
+        return self._store.usage(scope, tiers)
+
     def search(
         self,
         scope: Scope,

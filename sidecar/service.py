@@ -15,6 +15,7 @@ MemoryEngine), statuses, grpc itself (it subclasses the generated servicer).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
+from sidecar.tools import ToolResult, Tools, arguments_of
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -135,6 +137,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
         self._limits = limits
+        self._tools = Tools(engine, limits)
         # The frozen half of InjectForTurn answers, by what they hold: views
         # that render the same (every empty scope's, say) share one message,
         # which costs about a kilobyte.
@@ -369,3 +372,38 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
         return pb.EndSessionResponse(dropped=self._engine.end_session(scope, session_id))
+
+    def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
+        scope = self._scope(request.scope)
+        return pb.ListToolsResponse(
+            tools=[
+                pb.Tool(
+                    name=tool.name,
+                    description=tool.description,
+                    input_schema_json=json.dumps(tool.input_schema),
+                    openai_json=json.dumps(tool.openai()),
+                    anthropic_json=json.dumps(tool.anthropic()),
+                )
+                for tool in self._tools.definitions(scope)
+            ]
+        )
+
+    def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:
+        scope = self._scope(request.scope)
+        session_id = checked("session_id", request.session_id, self._limits.id_chars)
+        name = checked("name", request.name, self._limits.id_chars)
+        arguments = arguments_of(request.arguments_json)
+        if arguments is None:
+            # The model wrote them: it is told, and may try again.
+            result = ToolResult(
+                f"{name}: the arguments are not a JSON object; call it again with valid JSON.",
+                {"ok": False, "error": {"reason": "ARGUMENTS_INVALID"}},
+                is_error=True,
+            )
+        else:
+            result = self._tools.call(scope, session_id, name, arguments)
+        return pb.CallToolResponse(
+            text=result.text,
+            is_error=result.is_error,
+            structured_json=json.dumps(result.structured),
+        )
