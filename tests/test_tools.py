@@ -8,6 +8,7 @@ must tell the model what happened and what each tier holds.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -231,3 +232,12 @@ def test_under_on_compaction_a_tool_write_waits_for_compaction(make_sidecar: Mak
     assert held.system_block == first.system_block
     running.stub.NotifyCompaction(pb.NotifyCompactionRequest(scope=SCOPE, session_id="s"))
     assert "CI runs on Debian" in running.turn("s", scope=SCOPE).system_block
+
+
+def test_docs_api_names_every_tool_and_argument(sidecar: Running) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text()
+    section = text.split("## Tools for the model", 1)[1].split("\n## ", 1)[0]
+    for name, tool in tools(sidecar).items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{name}` |"))
+        for argument in json.loads(tool.input_schema_json)["properties"]:
+            assert f"`{argument}`" in row, (name, argument)
