@@ -38,6 +38,12 @@ class TierBlock:
     shown: tuple[Memory, ...]
 
 
+def budget_summary(usage: Usage, limit_chars: int) -> str:
+    """A budgeted tier's usage as its header shows it: "42% — 924/2,200 chars"."""
+    percent = usage.used_chars * 100 // limit_chars
+    return f"{percent}% — {usage.used_chars:,}/{limit_chars:,} chars"
+
+
 def tier_block(
     tier: Tier,
     memories: Sequence[Memory],
@@ -65,8 +71,7 @@ def tier_block(
         return None
     if limit_chars:
         shown = tuple(memories)
-        percent = usage.used_chars * 100 // limit_chars
-        summary = f"{percent}% — {usage.used_chars:,}/{limit_chars:,} chars"
+        summary = budget_summary(usage, limit_chars)
     else:
         picked = pick(((memories[p], costs[p]) for p in order), separator_cost, max_tokens)
         shown = tuple(memory for memory, _cost in picked)

@@ -127,6 +127,66 @@ class BudgetExceeded(FailedPrecondition):
         self.requested = requested
 
 
+class AmbiguousMatch(FailedPrecondition):
+    """An edit by text (`match`) whose text occurs in several entries: the
+    caller must quote more of the one it means. `candidates` are (id, the
+    start of its content), in insertion order, at most SHOWN of them; `more`
+    says whether further entries hold the text too."""
+
+    default_reason = "AMBIGUOUS_MATCH"
+    # How much of each candidate's content (and of the match) the message and
+    # details quote: the status travels in a trailer, which must stay small.
+    PREVIEW_CHARS = 60
+    # How many candidates are named; pass one more to say there are more.
+    SHOWN = 5
+
+    def __init__(self, *, tier: str, match: str, candidates: list[tuple[str, str]]) -> None:
+        previews = [
+            (memory_id, content[: self.PREVIEW_CHARS])
+            for memory_id, content in candidates[: self.SHOWN]
+        ]
+        more = len(candidates) > self.SHOWN
+        listed = "; ".join(f"{memory_id}: {text!r}" for memory_id, text in previews)
+        count = f"more than {self.SHOWN}" if more else str(len(candidates))
+        super().__init__(
+            f"{match[: self.PREVIEW_CHARS]!r} occurs in {count} entries of the {tier} tier "
+            f"({listed}{'; and more' if more else ''}); "
+            "give text that occurs in only one of them, or its id",
+            metadata={
+                "tier": tier,
+                "candidates": len(previews),
+                "more": str(more).lower(),
+                "candidate_ids": ",".join(memory_id for memory_id, _ in previews),
+                **{
+                    f"candidate_{n}": f"{memory_id} {text}"
+                    for n, (memory_id, text) in enumerate(previews, 1)
+                },
+            },
+        )
+        self.tier = tier
+        self.match = match
+        self.candidates = previews
+        self.more = more
+
+
+class SimilarExists(AlreadyExists):
+    """A new entry nearly repeats an existing one and the agent's
+    similar_writes policy is refuse: replace the existing entry instead."""
+
+    default_reason = "SIMILAR_MEMORY"
+
+    def __init__(self, *, tier: str, memory_id: str, content: str, score: float) -> None:
+        super().__init__(
+            f"the {tier} tier already holds a similar entry ({memory_id}: {content[:60]!r}, "
+            f"similarity {score:.2f}); update or replace it instead of adding another",
+            metadata={"tier": tier, "memory_id": memory_id, "score": f"{score:.3f}"},
+        )
+        self.tier = tier
+        self.memory_id = memory_id
+        self.content = content
+        self.score = score
+
+
 class ConfigError(SidecarError):
     """Invalid configuration: the message names the offending key."""
 

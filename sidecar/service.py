@@ -15,6 +15,7 @@ MemoryEngine), statuses, grpc itself (it subclasses the generated servicer).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
+from sidecar.tools import ToolResult, Tools, arguments_of
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -135,6 +137,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
         self._limits = limits
+        self._tools = Tools(engine, limits)
         # The frozen half of InjectForTurn answers, by what they hold: views
         # that render the same (every empty scope's, say) share one message,
         # which costs about a kilobyte.
@@ -161,6 +164,36 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             reason = "SESSION_ID_EMPTY" if field == "session_id" else "ID_EMPTY"
             raise InvalidArgument(f"{field} is empty; name the {what}", reason=reason)
         return checked(field, value, self._limits.id_chars)
+
+    def _target(
+        self, request: pb.UpdateMemoryRequest | pb.DeleteMemoryRequest, what: str
+    ) -> tuple[str, str, Tier]:
+        """The entry an update or delete names: (id, "", tier) or ("", match,
+        tier). Exactly one of id and match must be set; the tier (unspecified:
+        agent notes) is where a match is looked for."""
+        tier = write_tier(request.tier)
+        if not request.match:
+            if not request.id:
+                raise InvalidArgument(
+                    f"id and match are both empty; name the {what} by its id, or by text "
+                    "that occurs in its content (match)",
+                    reason="ID_EMPTY",
+                )
+            return self._id("id", request.id, what), "", tier
+        if request.id:
+            raise InvalidArgument(
+                f"both id and match are set; name the {what} by one of them",
+                reason="ID_AND_MATCH",
+                metadata={"field": "match"},
+            )
+        match = checked("match", request.match, self._limits.content_chars, multiline=True)
+        if not match.strip():
+            raise InvalidArgument(
+                "match holds only whitespace; quote text that occurs in the entry's content",
+                reason="MATCH_EMPTY",
+                metadata={"field": "match"},
+            )
+        return "", match, tier
 
     def _content(self, value: str) -> str:
         return clean_content(checked("content", value, self._limits.content_chars, multiline=True))
@@ -196,7 +229,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         self, request: pb.UpdateMemoryRequest, context: Any
     ) -> pb.UpdateMemoryResponse:
         scope = self._scope(request.scope)
-        memory_id = self._id("id", request.id, "memory to change")
+        memory_id, match, tier = self._target(request, "memory to change")
         content = self._content(request.content) if request.HasField("content") else None
         confidence = (
             check_confidence(request.confidence) if request.HasField("confidence") else None
@@ -209,6 +242,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             category=category,
             confidence=confidence,
             still_wanted=_still_wanted(context),
+            match=match,
+            tier=tier,
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
@@ -219,8 +254,10 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         self, request: pb.DeleteMemoryRequest, context: Any
     ) -> pb.DeleteMemoryResponse:
         scope = self._scope(request.scope)
-        memory_id = self._id("id", request.id, "memory to delete")
-        memory, usage = self._engine.delete(scope, memory_id, still_wanted=_still_wanted(context))
+        memory_id, match, tier = self._target(request, "memory to delete")
+        memory, usage = self._engine.delete(
+            scope, memory_id, still_wanted=_still_wanted(context), match=match, tier=tier
+        )
         return pb.DeleteMemoryResponse(
             memory=memory_pb(memory),
             usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
@@ -369,3 +406,38 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
         return pb.EndSessionResponse(dropped=self._engine.end_session(scope, session_id))
+
+    def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
+        scope = self._scope(request.scope)
+        return pb.ListToolsResponse(
+            tools=[
+                pb.Tool(
+                    name=tool.name,
+                    description=tool.description,
+                    input_schema_json=json.dumps(tool.input_schema),
+                    openai_json=json.dumps(tool.openai()),
+                    anthropic_json=json.dumps(tool.anthropic()),
+                )
+                for tool in self._tools.definitions(scope)
+            ]
+        )
+
+    def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:
+        scope = self._scope(request.scope)
+        session_id = checked("session_id", request.session_id, self._limits.id_chars)
+        name = checked("name", request.name, self._limits.id_chars)
+        arguments = arguments_of(request.arguments_json)
+        if arguments is None:
+            # The model wrote them: it is told, and may try again.
+            result = ToolResult(
+                f"{name}: the arguments are not a JSON object; call it again with valid JSON.",
+                {"ok": False, "error": {"reason": "ARGUMENTS_INVALID"}},
+                is_error=True,
+            )
+        else:
+            result = self._tools.call(scope, session_id, name, arguments)
+        return pb.CallToolResponse(
+            text=result.text,
+            is_error=result.is_error,
+            structured_json=json.dumps(result.structured),
+        )

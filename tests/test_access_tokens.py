@@ -67,6 +67,13 @@ def requests(scope: pb.Scope, memory_id: str) -> dict[str, Any]:
         ),
         "NotifyCompaction": pb.NotifyCompactionRequest(scope=scope, session_id="s1"),
         "EndSession": pb.EndSessionRequest(scope=scope, session_id="s1"),
+        "ListTools": pb.ListToolsRequest(scope=scope),
+        "CallTool": pb.CallToolRequest(
+            scope=scope,
+            session_id="s1",
+            name="memory",
+            arguments_json='{"action": "add", "content": "sneaked in by a tool"}',
+        ),
         "DeleteMemory": pb.DeleteMemoryRequest(scope=scope, id=memory_id),
     }
 
@@ -122,7 +129,7 @@ def test_a_token_addresses_its_own_agents_scopes(
     assert "The secret deploy is on Fridays" in turn.system_block
     for method, request in requests(scope, added.memory.id).items():
         call(running, method, request, AGENT_A)  # none refused, the delete last
-    assert contents(running, scope) == ["sneaked in"]
+    assert contents(running, scope) == ["sneaked in", "sneaked in by a tool"]
     # Any user: "*".
     call(running, "GetMemories", pb.GetMemoriesRequest(scope=pb.Scope(agent_id="agent-a")), AGENT_A)
 

@@ -62,3 +62,41 @@ def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeS
         "The deploy script lives in ops/deploy.sh",
         "The user prefers answers in French",
     ]
+
+
+def test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool(
+    make_sidecar: MakeSidecar,
+) -> None:
+    node = require_tool(shutil.which("node"), "Node.js")
+    require_tool(
+        str(EXAMPLE / "node_modules") if (EXAMPLE / "node_modules").is_dir() else None,
+        "the Node example's packages (`make node-example` installs them with npm)",
+    )
+    running = make_sidecar()
+    result = subprocess.run(
+        [node, str(EXAMPLE / "tools.js"), running.addresses.api],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    steps = [json.loads(line) for line in result.stdout.splitlines()]
+    assert steps[0] == {"step": "tools", "names": ["memory", "memory_search", "memory_list"]}
+    calls = steps[1:]
+    assert [c["is_error"] for c in calls] == [False, False, False, False]
+    assert calls[0]["text"] == (
+        "Saved to agent notes (target=memory) [1% — 30/2,200 chars]: Deploy target is AWS us-east-1"
+    )
+    assert calls[2]["outcome"]["memory"]["content"] == "Deploy target is AWS eu-west-1"
+    assert calls[3]["text"].splitlines() == [
+        "agent notes (target=memory) [1% — 30/2,200 chars]:",
+        "1. (30 chars) Deploy target is AWS eu-west-1",
+        "user profile (target=user) [2% — 30/1,375 chars]:",
+        "1. (30 chars) The user prefers short answers",
+    ]
+    listed = running.list(scope=pb.Scope(agent_id="node-agent", user_id="node-user"))
+    assert [m.content for m in listed.memories] == [
+        "Deploy target is AWS eu-west-1",
+        "The user prefers short answers",
+    ]

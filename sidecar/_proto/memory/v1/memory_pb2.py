@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16memory/v1/memory.proto\x12\tmemory.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\x05Scope\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"\xca\x01\n\x06Memory\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\tTierUsage\x12\x1d\n\x04tier\x18\x01 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x12\n\nused_chars\x18\x02 \x01(\x03\x12\x13\n\x0blimit_chars\x18\x03 \x01(\x03\x12\x13\n\x0b\x65ntry_count\x18\x04 \x01(\x03\x12\x0f\n\x07\x65nabled\x18\x05 \x01(\x08\"\xb6\x01\n\x10\x41\x64\x64MemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x17\n\nconfidence\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\tB\r\n\x0b_confidence\"l\n\x11\x41\x64\x64MemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"\xb0\x01\n\x13UpdateMemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\n\n\x02id\x18\x02 \x01(\t\x12\x14\n\x07\x63ontent\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08\x63\x61tegory\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nconfidence\x18\x05 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_contentB\x0b\n\t_categoryB\r\n\x0b_confidence\"^\n\x14UpdateMemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\"B\n\x13\x44\x65leteMemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\n\n\x02id\x18\x02 \x01(\t\"^\n\x14\x44\x65leteMemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\"\x8d\x01\n\x12GetMemoriesRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"x\n\x13GetMemoriesResponse\x12#\n\x08memories\x18\x01 \x03(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x03(\x0b\x32\x14.memory.v1.TierUsage\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"\xc1\x01\n\x15SearchMemoriesRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\r\n\x05query\x18\x02 \x01(\t\x12\x1d\n\x04tier\x18\x03 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x11\n\tmatch_all\x18\x06 \x01(\x08\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x12\n\npage_token\x18\x08 \x01(\t\"=\n\tSearchHit\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x01\"U\n\x16SearchMemoriesResponse\x12\"\n\x04hits\x18\x01 \x03(\x0b\x32\x14.memory.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe4\x01\n\x14InjectForTurnRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0cuser_message\x18\x03 \x01(\t\x12\x17\n\x0frecent_messages\x18\x04 \x03(\t\x12\x10\n\x08keywords\x18\x05 \x03(\t\x12,\n\x08strategy\x18\x06 \x01(\x0e\x32\x1a.memory.v1.KeywordStrategy\x12\x14\n\x0cmax_memories\x18\x07 \x01(\x05\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\"\xd9\x02\n\x15InjectForTurnResponse\x12\x14\n\x0csystem_block\x18\x01 \x01(\t\x12\x14\n\x0cturn_context\x18\x02 \x01(\t\x12\x1b\n\x13snapshot_generation\x18\x03 \x01(\x04\x12\x17\n\x0fsnapshot_sha256\x18\x04 \x01(\t\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x1b\n\x13injected_memory_ids\x18\x06 \x03(\t\x12\x1b\n\x13system_block_tokens\x18\x07 \x01(\x05\x12\x1b\n\x13turn_context_tokens\x18\x08 \x01(\x05\x12.\n\rtoken_counter\x18\t \x01(\x0e\x32\x17.memory.v1.TokenCounter\x12#\n\x05usage\x18\n \x03(\x0b\x32\x14.memory.v1.TierUsage\x12\x1f\n\x17system_block_memory_ids\x18\x0b \x03(\t\"N\n\x17NotifyCompactionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x05scope\x18\x02 \x01(\x0b\x32\x10.memory.v1.Scope\"/\n\x18NotifyCompactionResponse\x12\x13\n\x0binvalidated\x18\x01 \x01(\x08\"H\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x05scope\x18\x02 \x01(\x0b\x32\x10.memory.v1.Scope\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08*<\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_MEMORY\x10\x01\x12\r\n\tTIER_USER\x10\x02*i\n\x0fKeywordStrategy\x12 \n\x1cKEYWORD_STRATEGY_UNSPECIFIED\x10\x00\x12\x1a\n\x16KEYWORD_STRATEGY_LOCAL\x10\x01\x12\x18\n\x14KEYWORD_STRATEGY_LLM\x10\x02*t\n\x0cTokenCounter\x12\x1d\n\x19TOKEN_COUNTER_UNSPECIFIED\x10\x00\x12&\n\"TOKEN_COUNTER_TIKTOKEN_CL100K_BASE\x10\x01\x12\x1d\n\x19TOKEN_COUNTER_CHARS_DIV_4\x10\x02\x32\x9a\x05\n\rMemoryService\x12\x46\n\tAddMemory\x12\x1b.memory.v1.AddMemoryRequest\x1a\x1c.memory.v1.AddMemoryResponse\x12O\n\x0cUpdateMemory\x12\x1e.memory.v1.UpdateMemoryRequest\x1a\x1f.memory.v1.UpdateMemoryResponse\x12O\n\x0c\x44\x65leteMemory\x12\x1e.memory.v1.DeleteMemoryRequest\x1a\x1f.memory.v1.DeleteMemoryResponse\x12L\n\x0bGetMemories\x12\x1d.memory.v1.GetMemoriesRequest\x1a\x1e.memory.v1.GetMemoriesResponse\x12U\n\x0eSearchMemories\x12 .memory.v1.SearchMemoriesRequest\x1a!.memory.v1.SearchMemoriesResponse\x12R\n\rInjectForTurn\x12\x1f.memory.v1.InjectForTurnRequest\x1a .memory.v1.InjectForTurnResponse\x12[\n\x10NotifyCompaction\x12\".memory.v1.NotifyCompactionRequest\x1a#.memory.v1.NotifyCompactionResponse\x12I\n\nEndSession\x12\x1c.memory.v1.EndSessionRequest\x1a\x1d.memory.v1.EndSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16memory/v1/memory.proto\x12\tmemory.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\x05Scope\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\"\xca\x01\n\x06Memory\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\tTierUsage\x12\x1d\n\x04tier\x18\x01 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x12\n\nused_chars\x18\x02 \x01(\x03\x12\x13\n\x0blimit_chars\x18\x03 \x01(\x03\x12\x13\n\x0b\x65ntry_count\x18\x04 \x01(\x03\x12\x0f\n\x07\x65nabled\x18\x05 \x01(\x08\"\xb6\x01\n\x10\x41\x64\x64MemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x17\n\nconfidence\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\tB\r\n\x0b_confidence\"\x97\x01\n\x11\x41\x64\x64MemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\x12)\n\x07similar\x18\x04 \x03(\x0b\x32\x18.memory.v1.SimilarMemory\"A\n\rSimilarMemory\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x01\"\xde\x01\n\x13UpdateMemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\n\n\x02id\x18\x02 \x01(\t\x12\x14\n\x07\x63ontent\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08\x63\x61tegory\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nconfidence\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05match\x18\x06 \x01(\t\x12\x1d\n\x04tier\x18\x07 \x01(\x0e\x32\x0f.memory.v1.TierB\n\n\x08_contentB\x0b\n\t_categoryB\r\n\x0b_confidence\"^\n\x14UpdateMemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\"p\n\x13\x44\x65leteMemoryRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\n\n\x02id\x18\x02 \x01(\t\x12\r\n\x05match\x18\x03 \x01(\t\x12\x1d\n\x04tier\x18\x04 \x01(\x0e\x32\x0f.memory.v1.Tier\"^\n\x14\x44\x65leteMemoryResponse\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.memory.v1.TierUsage\"\x8d\x01\n\x12GetMemoriesRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"x\n\x13GetMemoriesResponse\x12#\n\x08memories\x18\x01 \x03(\x0b\x32\x11.memory.v1.Memory\x12#\n\x05usage\x18\x02 \x03(\x0b\x32\x14.memory.v1.TierUsage\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"\xc1\x01\n\x15SearchMemoriesRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\r\n\x05query\x18\x02 \x01(\t\x12\x1d\n\x04tier\x18\x03 \x01(\x0e\x32\x0f.memory.v1.Tier\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x11\n\tmatch_all\x18\x06 \x01(\x08\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x12\n\npage_token\x18\x08 \x01(\t\"=\n\tSearchHit\x12!\n\x06memory\x18\x01 \x01(\x0b\x32\x11.memory.v1.Memory\x12\r\n\x05score\x18\x02 \x01(\x01\"U\n\x16SearchMemoriesResponse\x12\"\n\x04hits\x18\x01 \x03(\x0b\x32\x14.memory.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe4\x01\n\x14InjectForTurnRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0cuser_message\x18\x03 \x01(\t\x12\x17\n\x0frecent_messages\x18\x04 \x03(\t\x12\x10\n\x08keywords\x18\x05 \x03(\t\x12,\n\x08strategy\x18\x06 \x01(\x0e\x32\x1a.memory.v1.KeywordStrategy\x12\x14\n\x0cmax_memories\x18\x07 \x01(\x05\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\"\xd9\x02\n\x15InjectForTurnResponse\x12\x14\n\x0csystem_block\x18\x01 \x01(\t\x12\x14\n\x0cturn_context\x18\x02 \x01(\t\x12\x1b\n\x13snapshot_generation\x18\x03 \x01(\x04\x12\x17\n\x0fsnapshot_sha256\x18\x04 \x01(\t\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x1b\n\x13injected_memory_ids\x18\x06 \x03(\t\x12\x1b\n\x13system_block_tokens\x18\x07 \x01(\x05\x12\x1b\n\x13turn_context_tokens\x18\x08 \x01(\x05\x12.\n\rtoken_counter\x18\t \x01(\x0e\x32\x17.memory.v1.TokenCounter\x12#\n\x05usage\x18\n \x03(\x0b\x32\x14.memory.v1.TierUsage\x12\x1f\n\x17system_block_memory_ids\x18\x0b \x03(\t\"N\n\x17NotifyCompactionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x05scope\x18\x02 \x01(\x0b\x32\x10.memory.v1.Scope\"/\n\x18NotifyCompactionResponse\x12\x13\n\x0binvalidated\x18\x01 \x01(\x08\"H\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x05scope\x18\x02 \x01(\x0b\x32\x10.memory.v1.Scope\"%\n\x12\x45ndSessionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"3\n\x10ListToolsRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\"q\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x13\n\x0bopenai_json\x18\x04 \x01(\t\x12\x16\n\x0e\x61nthropic_json\x18\x05 \x01(\t\"3\n\x11ListToolsResponse\x12\x1e\n\x05tools\x18\x01 \x03(\x0b\x32\x0f.memory.v1.Tool\"l\n\x0f\x43\x61llToolRequest\x12\x1f\n\x05scope\x18\x01 \x01(\x0b\x32\x10.memory.v1.Scope\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\"K\n\x10\x43\x61llToolResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x17\n\x0fstructured_json\x18\x03 \x01(\t*<\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_MEMORY\x10\x01\x12\r\n\tTIER_USER\x10\x02*i\n\x0fKeywordStrategy\x12 \n\x1cKEYWORD_STRATEGY_UNSPECIFIED\x10\x00\x12\x1a\n\x16KEYWORD_STRATEGY_LOCAL\x10\x01\x12\x18\n\x14KEYWORD_STRATEGY_LLM\x10\x02*t\n\x0cTokenCounter\x12\x1d\n\x19TOKEN_COUNTER_UNSPECIFIED\x10\x00\x12&\n\"TOKEN_COUNTER_TIKTOKEN_CL100K_BASE\x10\x01\x12\x1d\n\x19TOKEN_COUNTER_CHARS_DIV_4\x10\x02\x32\xa7\x06\n\rMemoryService\x12\x46\n\tAddMemory\x12\x1b.memory.v1.AddMemoryRequest\x1a\x1c.memory.v1.AddMemoryResponse\x12O\n\x0cUpdateMemory\x12\x1e.memory.v1.UpdateMemoryRequest\x1a\x1f.memory.v1.UpdateMemoryResponse\x12O\n\x0c\x44\x65leteMemory\x12\x1e.memory.v1.DeleteMemoryRequest\x1a\x1f.memory.v1.DeleteMemoryResponse\x12L\n\x0bGetMemories\x12\x1d.memory.v1.GetMemoriesRequest\x1a\x1e.memory.v1.GetMemoriesResponse\x12U\n\x0eSearchMemories\x12 .memory.v1.SearchMemoriesRequest\x1a!.memory.v1.SearchMemoriesResponse\x12R\n\rInjectForTurn\x12\x1f.memory.v1.InjectForTurnRequest\x1a .memory.v1.InjectForTurnResponse\x12[\n\x10NotifyCompaction\x12\".memory.v1.NotifyCompactionRequest\x1a#.memory.v1.NotifyCompactionResponse\x12I\n\nEndSession\x12\x1c.memory.v1.EndSessionRequest\x1a\x1d.memory.v1.EndSessionResponse\x12\x46\n\tListTools\x12\x1b.memory.v1.ListToolsRequest\x1a\x1c.memory.v1.ListToolsResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.memory.v1.CallToolRequest\x1a\x1b.memory.v1.CallToolResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'memory.v1.memory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=2609
-  _globals['_TIER']._serialized_end=2669
-  _globals['_KEYWORDSTRATEGY']._serialized_start=2671
-  _globals['_KEYWORDSTRATEGY']._serialized_end=2776
-  _globals['_TOKENCOUNTER']._serialized_start=2778
-  _globals['_TOKENCOUNTER']._serialized_end=2894
+  _globals['_TIER']._serialized_start=3220
+  _globals['_TIER']._serialized_end=3280
+  _globals['_KEYWORDSTRATEGY']._serialized_start=3282
+  _globals['_KEYWORDSTRATEGY']._serialized_end=3387
+  _globals['_TOKENCOUNTER']._serialized_start=3389
+  _globals['_TOKENCOUNTER']._serialized_end=3505
   _globals['_SCOPE']._serialized_start=70
   _globals['_SCOPE']._serialized_end=112
   _globals['_MEMORY']._serialized_start=115
@@ -46,38 +46,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIERUSAGE']._serialized_end=440
   _globals['_ADDMEMORYREQUEST']._serialized_start=443
   _globals['_ADDMEMORYREQUEST']._serialized_end=625
-  _globals['_ADDMEMORYRESPONSE']._serialized_start=627
-  _globals['_ADDMEMORYRESPONSE']._serialized_end=735
-  _globals['_UPDATEMEMORYREQUEST']._serialized_start=738
-  _globals['_UPDATEMEMORYREQUEST']._serialized_end=914
-  _globals['_UPDATEMEMORYRESPONSE']._serialized_start=916
-  _globals['_UPDATEMEMORYRESPONSE']._serialized_end=1010
-  _globals['_DELETEMEMORYREQUEST']._serialized_start=1012
-  _globals['_DELETEMEMORYREQUEST']._serialized_end=1078
-  _globals['_DELETEMEMORYRESPONSE']._serialized_start=1080
-  _globals['_DELETEMEMORYRESPONSE']._serialized_end=1174
-  _globals['_GETMEMORIESREQUEST']._serialized_start=1177
-  _globals['_GETMEMORIESREQUEST']._serialized_end=1318
-  _globals['_GETMEMORIESRESPONSE']._serialized_start=1320
-  _globals['_GETMEMORIESRESPONSE']._serialized_end=1440
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=1443
-  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=1636
-  _globals['_SEARCHHIT']._serialized_start=1638
-  _globals['_SEARCHHIT']._serialized_end=1699
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=1701
-  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=1786
-  _globals['_INJECTFORTURNREQUEST']._serialized_start=1789
-  _globals['_INJECTFORTURNREQUEST']._serialized_end=2017
-  _globals['_INJECTFORTURNRESPONSE']._serialized_start=2020
-  _globals['_INJECTFORTURNRESPONSE']._serialized_end=2365
-  _globals['_NOTIFYCOMPACTIONREQUEST']._serialized_start=2367
-  _globals['_NOTIFYCOMPACTIONREQUEST']._serialized_end=2445
-  _globals['_NOTIFYCOMPACTIONRESPONSE']._serialized_start=2447
-  _globals['_NOTIFYCOMPACTIONRESPONSE']._serialized_end=2494
-  _globals['_ENDSESSIONREQUEST']._serialized_start=2496
-  _globals['_ENDSESSIONREQUEST']._serialized_end=2568
-  _globals['_ENDSESSIONRESPONSE']._serialized_start=2570
-  _globals['_ENDSESSIONRESPONSE']._serialized_end=2607
-  _globals['_MEMORYSERVICE']._serialized_start=2897
-  _globals['_MEMORYSERVICE']._serialized_end=3563
+  _globals['_ADDMEMORYRESPONSE']._serialized_start=628
+  _globals['_ADDMEMORYRESPONSE']._serialized_end=779
+  _globals['_SIMILARMEMORY']._serialized_start=781
+  _globals['_SIMILARMEMORY']._serialized_end=846
+  _globals['_UPDATEMEMORYREQUEST']._serialized_start=849
+  _globals['_UPDATEMEMORYREQUEST']._serialized_end=1071
+  _globals['_UPDATEMEMORYRESPONSE']._serialized_start=1073
+  _globals['_UPDATEMEMORYRESPONSE']._serialized_end=1167
+  _globals['_DELETEMEMORYREQUEST']._serialized_start=1169
+  _globals['_DELETEMEMORYREQUEST']._serialized_end=1281
+  _globals['_DELETEMEMORYRESPONSE']._serialized_start=1283
+  _globals['_DELETEMEMORYRESPONSE']._serialized_end=1377
+  _globals['_GETMEMORIESREQUEST']._serialized_start=1380
+  _globals['_GETMEMORIESREQUEST']._serialized_end=1521
+  _globals['_GETMEMORIESRESPONSE']._serialized_start=1523
+  _globals['_GETMEMORIESRESPONSE']._serialized_end=1643
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_start=1646
+  _globals['_SEARCHMEMORIESREQUEST']._serialized_end=1839
+  _globals['_SEARCHHIT']._serialized_start=1841
+  _globals['_SEARCHHIT']._serialized_end=1902
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_start=1904
+  _globals['_SEARCHMEMORIESRESPONSE']._serialized_end=1989
+  _globals['_INJECTFORTURNREQUEST']._serialized_start=1992
+  _globals['_INJECTFORTURNREQUEST']._serialized_end=2220
+  _globals['_INJECTFORTURNRESPONSE']._serialized_start=2223
+  _globals['_INJECTFORTURNRESPONSE']._serialized_end=2568
+  _globals['_NOTIFYCOMPACTIONREQUEST']._serialized_start=2570
+  _globals['_NOTIFYCOMPACTIONREQUEST']._serialized_end=2648
+  _globals['_NOTIFYCOMPACTIONRESPONSE']._serialized_start=2650
+  _globals['_NOTIFYCOMPACTIONRESPONSE']._serialized_end=2697
+  _globals['_ENDSESSIONREQUEST']._serialized_start=2699
+  _globals['_ENDSESSIONREQUEST']._serialized_end=2771
+  _globals['_ENDSESSIONRESPONSE']._serialized_start=2773
+  _globals['_ENDSESSIONRESPONSE']._serialized_end=2810
+  _globals['_LISTTOOLSREQUEST']._serialized_start=2812
+  _globals['_LISTTOOLSREQUEST']._serialized_end=2863
+  _globals['_TOOL']._serialized_start=2865
+  _globals['_TOOL']._serialized_end=2978
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=2980
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=3031
+  _globals['_CALLTOOLREQUEST']._serialized_start=3033
+  _globals['_CALLTOOLREQUEST']._serialized_end=3141
+  _globals['_CALLTOOLRESPONSE']._serialized_start=3143
+  _globals['_CALLTOOLRESPONSE']._serialized_end=3218
+  _globals['_MEMORYSERVICE']._serialized_start=3508
+  _globals['_MEMORYSERVICE']._serialized_end=4315
 # @@protoc_insertion_point(module_scope)

@@ -94,28 +94,42 @@ class AddMemoryRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class AddMemoryResponse(_message.Message):
-    __slots__ = ("memory", "usage", "created")
+    __slots__ = ("memory", "usage", "created", "similar")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    SIMILAR_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     usage: TierUsage
     created: bool
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    similar: _containers.RepeatedCompositeFieldContainer[SimilarMemory]
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., created: _Optional[bool] = ..., similar: _Optional[_Iterable[_Union[SimilarMemory, _Mapping]]] = ...) -> None: ...
+
+class SimilarMemory(_message.Message):
+    __slots__ = ("memory", "score")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    memory: Memory
+    score: float
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class UpdateMemoryRequest(_message.Message):
-    __slots__ = ("scope", "id", "content", "category", "confidence")
+    __slots__ = ("scope", "id", "content", "category", "confidence", "match", "tier")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     id: str
     content: str
     category: str
     confidence: float
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
+    match: str
+    tier: Tier
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class UpdateMemoryResponse(_message.Message):
     __slots__ = ("memory", "usage")
@@ -126,12 +140,16 @@ class UpdateMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
 
 class DeleteMemoryRequest(_message.Message):
-    __slots__ = ("scope", "id")
+    __slots__ = ("scope", "id", "match", "tier")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     id: str
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
+    match: str
+    tier: Tier
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class DeleteMemoryResponse(_message.Message):
     __slots__ = ("memory", "usage")
@@ -274,3 +292,51 @@ class EndSessionResponse(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     dropped: bool
     def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+
+class ListToolsRequest(_message.Message):
+    __slots__ = ("scope",)
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json", "openai_json", "anthropic_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    OPENAI_JSON_FIELD_NUMBER: _ClassVar[int]
+    ANTHROPIC_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    openai_json: str
+    anthropic_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., openai_json: _Optional[str] = ..., anthropic_json: _Optional[str] = ...) -> None: ...
+
+class ListToolsResponse(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    def __init__(self, tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+
+class CallToolRequest(_message.Message):
+    __slots__ = ("scope", "session_id", "name", "arguments_json")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    session_id: str
+    name: str
+    arguments_json: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class CallToolResponse(_message.Message):
+    __slots__ = ("text", "is_error", "structured_json")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_JSON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    is_error: bool
+    structured_json: str
+    def __init__(self, text: _Optional[str] = ..., is_error: _Optional[bool] = ..., structured_json: _Optional[str] = ...) -> None: ...

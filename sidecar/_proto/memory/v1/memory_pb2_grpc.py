@@ -76,6 +76,16 @@ class MemoryServiceStub:
                 request_serializer=memory_dot_v1_dot_memory__pb2.EndSessionRequest.SerializeToString,
                 response_deserializer=memory_dot_v1_dot_memory__pb2.EndSessionResponse.FromString,
                 _registered_method=True)
+        self.ListTools = channel.unary_unary(
+                '/memory.v1.MemoryService/ListTools',
+                request_serializer=memory_dot_v1_dot_memory__pb2.ListToolsRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.ListToolsResponse.FromString,
+                _registered_method=True)
+        self.CallTool = channel.unary_unary(
+                '/memory.v1.MemoryService/CallTool',
+                request_serializer=memory_dot_v1_dot_memory__pb2.CallToolRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.CallToolResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -141,6 +151,22 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTools(self, request, context):
+        """ListTools describes the memory tools a model may call (the same tools
+        the MCP server offers), for runtimes that do function calling themselves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CallTool(self, request, context):
+        """CallTool runs one memory tool call of the model in the request's scope
+        and returns the text for the model and a structured result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +209,16 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.EndSession,
                     request_deserializer=memory_dot_v1_dot_memory__pb2.EndSessionRequest.FromString,
                     response_serializer=memory_dot_v1_dot_memory__pb2.EndSessionResponse.SerializeToString,
+            ),
+            'ListTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTools,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.ListToolsRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.ListToolsResponse.SerializeToString,
+            ),
+            'CallTool': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallTool,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.CallToolRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.CallToolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +439,60 @@ class MemoryService:
             '/memory.v1.MemoryService/EndSession',
             memory_dot_v1_dot_memory__pb2.EndSessionRequest.SerializeToString,
             memory_dot_v1_dot_memory__pb2.EndSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memory.v1.MemoryService/ListTools',
+            memory_dot_v1_dot_memory__pb2.ListToolsRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.ListToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memory.v1.MemoryService/CallTool',
+            memory_dot_v1_dot_memory__pb2.CallToolRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.CallToolResponse.FromString,
             options,
             channel_credentials,
             insecure,
