@@ -145,7 +145,9 @@ def test_add_replace_remove_search_and_list(make_sidecar: MakeSidecar, mode: str
                     "memory",
                     {"action": "replace", "old_text": "use uv", "content": "Deploys use uv 0.5"},
                 ),
-                await client.call_tool("memory", {"action": "remove", "old_text": "likes tea"}),
+                await client.call_tool(
+                    "memory", {"action": "remove", "target": "user", "old_text": "likes tea"}
+                ),
                 await client.call_tool("memory_list", {}),
             ]
 
