@@ -59,8 +59,9 @@ def open_store(config: Config, metrics: Metrics | None = None) -> Store:
         password=server.db_password,
         synchronous=server.durability,
         busy_timeout_ms=server.busy_timeout_ms,
-        # One connection per RPC worker, and a few for start-up and tools.
-        max_connections=server.max_workers + 4,
+        # One connection per RPC worker (and per MCP worker thread: as many
+        # again), and a few for start-up and tools.
+        max_connections=server.max_workers * (2 if server.mcp_listen else 1) + 4,
         on_query=metrics.db_query if metrics else None,
     )
 
