@@ -264,11 +264,9 @@ class McpListener:
         end_session: Callable[[Scope, str], Any],
         auth: AuthInterceptor | None = None,
     ) -> None:
-        self._config = config
-        self._tools = tools
-        self._metrics = metrics
+        self._config, self._tools, self._auth = config, tools, auth
+        self._calls = metrics.mcp_tool_calls
         self._end_session = end_session
-        self._auth = auth
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -279,7 +277,7 @@ class McpListener:
         # The input schemas do not depend on the scope (only the descriptions
         # state its budgets): read once, for the SDK's Mcp-Param check.
         schemas = {d.name: d.input_schema for d in self._tools.definitions(Scope())}
-        counter = self._metrics.mcp_tool_calls
+        counter = self._calls
         # As many engine calls at once as the API has workers.
         limiter = anyio.CapacityLimiter(server.max_workers)
 

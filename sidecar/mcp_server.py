@@ -103,6 +103,31 @@ class Offload(Protocol):
     def __call__(self, run: Callable[[], T], /) -> Awaitable[T]: ...
 
 
+FROZEN_BLOCK = types.Resource(
+    uri=FROZEN_BLOCK_URI,
+    name="frozen-block",
+    title="Memory block for the system prompt",
+    description="This session's frozen memory block (agent notes and user profile), "
+    "byte-identical until a write refreshes it; InjectForTurn's system_block.",
+    mime_type="text/plain",
+)
+MEMORY_CONTEXT = types.Prompt(
+    name=PROMPT,
+    title="Memories relevant to a message",
+    description="The stored memories relevant to the user's message that the frozen block "
+    "does not show; InjectForTurn's turn_context.",
+    arguments=[
+        types.PromptArgument(
+            name=PROMPT_ARGUMENT, description="The user's message this turn answers.", required=True
+        )
+    ],
+)
+
+
+def _invalid(message: str, **data: str) -> MCPError:
+    return MCPError(types.INVALID_PARAMS, message, data)
+
+
 def to_mcp_error(exc: SidecarError) -> MCPError:
     """The JSON-RPC error for a SidecarError, with what ErrorInfo would carry."""
     data = {"code": exc.code, "reason": exc.reason, "metadata": exc.metadata}
@@ -178,67 +203,31 @@ def build(
         )
 
     async def list_resources(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
-        return types.ListResourcesResult(
-            resources=[
-                types.Resource(
-                    uri=FROZEN_BLOCK_URI,
-                    name="frozen-block",
-                    title="Memory block for the system prompt",
-                    description="This session's frozen memory block (agent notes and user "
-                    "profile), byte-identical until a write refreshes it; InjectForTurn's "
-                    "system_block.",
-                    mime_type="text/plain",
-                )
-            ]
-        )
+        return types.ListResourcesResult(resources=[FROZEN_BLOCK])
 
     async def read_resource(ctx: Context, params: types.ReadResourceRequestParams) -> Any:
         if params.uri != FROZEN_BLOCK_URI:
-            raise MCPError(
-                types.INVALID_PARAMS,
+            raise _invalid(
                 f"no resource {params.uri!r}; the one resource is {FROZEN_BLOCK_URI}",
-                {"uri": params.uri},
+                uri=params.uri,
             )
         backend = resolve(ctx)
         block = await answer(backend.frozen_block)
-        return types.ReadResourceResult(
-            contents=[
-                types.TextResourceContents(uri=FROZEN_BLOCK_URI, mime_type="text/plain", text=block)
-            ]
-        )
+        text = types.TextResourceContents(uri=FROZEN_BLOCK_URI, mime_type="text/plain", text=block)
+        return types.ReadResourceResult(contents=[text])
 
     async def list_prompts(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
-        return types.ListPromptsResult(
-            prompts=[
-                types.Prompt(
-                    name=PROMPT,
-                    title="Memories relevant to a message",
-                    description="The stored memories relevant to the user's message that the "
-                    "frozen block does not show; InjectForTurn's turn_context.",
-                    arguments=[
-                        types.PromptArgument(
-                            name=PROMPT_ARGUMENT,
-                            description="The user's message this turn answers.",
-                            required=True,
-                        )
-                    ],
-                )
-            ]
-        )
+        return types.ListPromptsResult(prompts=[MEMORY_CONTEXT])
 
     async def get_prompt(ctx: Context, params: types.GetPromptRequestParams) -> Any:
         if params.name != PROMPT:
-            raise MCPError(
-                types.INVALID_PARAMS,
-                f"no prompt {params.name!r}; the one prompt is {PROMPT}",
-                {"name": params.name},
+            raise _invalid(
+                f"no prompt {params.name!r}; the one prompt is {PROMPT}", name=params.name
             )
         message = (params.arguments or {}).get(PROMPT_ARGUMENT)
         if message is None:
-            raise MCPError(
-                types.INVALID_PARAMS,
-                f"{PROMPT} needs the argument {PROMPT_ARGUMENT}",
-                {"argument": PROMPT_ARGUMENT},
+            raise _invalid(
+                f"{PROMPT} needs the argument {PROMPT_ARGUMENT}", argument=PROMPT_ARGUMENT
             )
         backend = resolve(ctx)
         turn = await answer(lambda: backend.turn_context(message))

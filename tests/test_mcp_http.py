@@ -564,6 +564,7 @@ def test_mcp_is_off_by_default(tmp_path: Path) -> None:
     daemon = spawn_daemon("--db", str(tmp_path / "m.db"), "--listen", "127.0.0.1:0")
     try:
         assert daemon.mcp == "-"
+        assert any(" mcp=- db=" in line for line in daemon.log)
     finally:
         daemon.close()
 
