@@ -165,6 +165,10 @@ class Backend(abc.ABC):
     _lock_sql: str
     _create_sql: str
     _advance_sql: str
+    # The SQL function (text, part) -> where part first occurs in text, from
+    # 1, or 0: exact and case-sensitive, unlike LIKE (which SQLite folds for
+    # ASCII, and where % and _ are wildcards).
+    position_function: ClassVar[str]
 
     def lock_partition(self, owner: str, tier: str) -> PartitionState:
         """The partition's state row, locked until the transaction ends.

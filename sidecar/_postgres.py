@@ -254,6 +254,7 @@ class PostgresBackend(Backend):
 
     name = "postgresql"
     migrations = MIGRATIONS
+    position_function = "strpos"
 
     _lock_sql = (
         f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"

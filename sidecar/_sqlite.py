@@ -348,6 +348,7 @@ class SqliteBackend(Backend):
 
     name = "sqlite"
     migrations = MIGRATIONS
+    position_function = "instr"
 
     # Every write holds SQLite's one write lock (BEGIN IMMEDIATE), so the
     # state row needs no lock of its own, and a generation drawn as the

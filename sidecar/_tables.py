@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from peewee import fn
+
 from sidecar import _sqlite
 from sidecar._backend import Backend, PartitionState
 from sidecar._statements import Record, Statements, Template
 from sidecar.clock import from_micros
-from sidecar.memory import Memory, Tier, Usage, rendered_chars
+from sidecar.errors import AmbiguousMatch, NotFound
+from sidecar.memory import Memory, Scope, Tier, Usage, rendered_chars
 from sidecar.schema import _bind, _Key, _Row
 
 # Seqs per `IN (...)` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
@@ -73,6 +76,71 @@ class Tables:
             content=content,
         )
         return rows[0] if rows else None
+
+    def edited(
+        self, scope: Scope, memory_id: str, match: str = "", tier: Tier = Tier.MEMORY
+    ) -> tuple[Record, PartitionState]:
+        """The entry of this scope an update or delete names, by its id or
+        by `match` (in `tier`), and its partition's state row, locked. Call
+        inside write_transaction."""
+        if match:
+            return self._matched(scope.owner(tier), tier, match)
+        # The id does not say which partition holds it: find it, lock its
+        # partition, and read it again, since another writer may have
+        # changed or removed it in between.
+        row = self._by_id(scope, memory_id)
+        state = self.backend.lock_partition(row.owner, row.tier)
+        locked = self._by_id(scope, memory_id)
+        if (locked.owner, locked.tier) != (row.owner, row.tier):  # pragma: no cover - ids are fixed
+            raise NotFound(f"no memory with id {memory_id!r} in this scope")
+        return locked, state
+
+    def _by_id(self, scope: Scope, memory_id: str) -> Record:
+        rows = self.rows_of(self.sql.by_id, id=memory_id)
+        row = rows[0] if rows else None
+        if row is None or row.owner != scope.owner(Tier(row.tier)):
+            # The same answer whether the id does not exist or belongs to
+            # another scope: a request never learns about other scopes.
+            raise NotFound(
+                f"no memory with id {memory_id!r} in this scope",
+                metadata={"id": memory_id},
+            )
+        return row
+
+    def _matched(self, owner: str, tier: Tier, match: str) -> tuple[Record, PartitionState]:
+        """The one entry of the partition whose content holds `match` (a
+        literal, case-sensitive substring), and its state row, locked.
+
+        The state row is locked first and the rows searched after: writers
+        of the partition serialise on that lock, and the search (a statement
+        of its own, so on PostgreSQL a snapshot taken after the lock) sees
+        what the writer before left behind. Two edits by the same text can
+        never both act on the entry as it was before either.
+        """
+        state = self.backend.lock_partition(owner, tier.value)
+        Row = self.rows  # noqa: N806 - a bound model class
+        position = getattr(fn, self.backend.position_function)(Row.content, match)
+        query = (
+            Row.select(*[getattr(Row, name) for name in Record._fields])
+            .where((Row.owner == owner) & (Row.tier == tier.value) & (position > 0))
+            .order_by(Row.seq)
+            # Enough to name the candidates and say whether there are more.
+            .limit(AmbiguousMatch.SHOWN + 1)
+        )
+        sql, params = query.sql()
+        found = [Record(*row) for row in self.db.execute_sql(sql, params).fetchall()]
+        if not found:
+            raise NotFound(
+                f"no entry of the {tier.label} tier in this scope contains "
+                f"{match[: AmbiguousMatch.PREVIEW_CHARS]!r}; text is matched case-sensitively, "
+                "exactly as written",
+                reason="MATCH_NOT_FOUND",
+                metadata={"field": "match", "tier": tier.value},
+            )
+        if len(found) > 1:
+            candidates = [(row.memory_id, row.content) for row in found]
+            raise AmbiguousMatch(tier=tier.value, match=match, candidates=candidates)
+        return found[0], state
 
     def insert(
         self,

@@ -70,6 +70,14 @@ class Stats:
     followed: int = 0
 
 
+def _edited_partitions(scope: Scope, match: str, tier: Tier) -> list[PartitionKey]:
+    """The partitions an update or delete may change: by id, either of the
+    scope's (the id does not say which tier holds it); by match, the one
+    tier named."""
+    tiers = [tier] if match else list(Tier)
+    return [(t, scope.owner(t)) for t in tiers]
+
+
 def _session_limits(settings: AgentSettings) -> Limits:
     return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
 
@@ -212,13 +220,17 @@ class MemoryEngine:
         category: str | None,
         confidence: float | None,
         still_wanted: Wanted | None = None,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
     ) -> tuple[Memory, Usage]:
+        """Change the entry named by `memory_id`, or (with `match`, and
+        memory_id "") the one entry of `tier` whose content holds `match`."""
         settings = self.settings(scope)
         if content is not None:
             self._screen(settings, "content", content)
         if category is not None:
             self._screen(settings, "category", category)
-        keys = [(tier, scope.owner(tier)) for tier in Tier]
+        keys = _edited_partitions(scope, match, tier)
         stored, held = self._embedding(content, keys)
         with self.partitions.writing(keys), self._counting_rejections():
             written = self._store.update(
@@ -230,6 +242,8 @@ class MemoryEngine:
                 confidence=confidence,
                 still_wanted=still_wanted,
                 vector=stored,
+                match=match,
+                tier=tier,
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
@@ -239,11 +253,19 @@ class MemoryEngine:
         return memory, written.usage
 
     def delete(
-        self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        still_wanted: Wanted | None = None,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
     ) -> tuple[Memory, Usage]:
-        keys = [(tier, scope.owner(tier)) for tier in Tier]
-        with self.partitions.writing(keys):
-            written = self._store.delete(scope, memory_id, still_wanted=still_wanted)
+        """Remove the entry named by `memory_id`, or by `match` in `tier`, as update."""
+        with self.partitions.writing(_edited_partitions(scope, match, tier)):
+            written = self._store.delete(
+                scope, memory_id, still_wanted=still_wanted, match=match, tier=tier
+            )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
             self.partitions.changed(key, written, None)

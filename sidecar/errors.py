@@ -130,21 +130,33 @@ class BudgetExceeded(FailedPrecondition):
 class AmbiguousMatch(FailedPrecondition):
     """An edit by text (`match`) whose text occurs in several entries: the
     caller must quote more of the one it means. `candidates` are (id, the
-    start of its content), in insertion order."""
+    start of its content), in insertion order, at most SHOWN of them; `more`
+    says whether further entries hold the text too."""
 
     default_reason = "AMBIGUOUS_MATCH"
-    # How much of each candidate's content the message and details quote.
+    # How much of each candidate's content (and of the match) the message and
+    # details quote: the status travels in a trailer, which must stay small.
     PREVIEW_CHARS = 60
+    # How many candidates are named; pass one more to say there are more.
+    SHOWN = 5
 
     def __init__(self, *, tier: str, match: str, candidates: list[tuple[str, str]]) -> None:
-        previews = [(memory_id, content[: self.PREVIEW_CHARS]) for memory_id, content in candidates]
+        previews = [
+            (memory_id, content[: self.PREVIEW_CHARS])
+            for memory_id, content in candidates[: self.SHOWN]
+        ]
+        more = len(candidates) > self.SHOWN
         listed = "; ".join(f"{memory_id}: {text!r}" for memory_id, text in previews)
+        count = f"more than {self.SHOWN}" if more else str(len(candidates))
         super().__init__(
-            f"{match!r} occurs in {len(candidates)} entries of the {tier} tier ({listed}); "
+            f"{match[: self.PREVIEW_CHARS]!r} occurs in {count} entries of the {tier} tier "
+            f"({listed}{'; and more' if more else ''}); "
             "give text that occurs in only one of them, or its id",
             metadata={
                 "tier": tier,
-                "candidates": len(candidates),
+                "candidates": len(previews),
+                "more": str(more).lower(),
+                "candidate_ids": ",".join(memory_id for memory_id, _ in previews),
                 **{
                     f"candidate_{n}": f"{memory_id} {text}"
                     for n, (memory_id, text) in enumerate(previews, 1)
@@ -154,6 +166,7 @@ class AmbiguousMatch(FailedPrecondition):
         self.tier = tier
         self.match = match
         self.candidates = previews
+        self.more = more
 
 
 class SimilarExists(AlreadyExists):

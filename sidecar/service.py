@@ -165,6 +165,36 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             raise InvalidArgument(f"{field} is empty; name the {what}", reason=reason)
         return checked(field, value, self._limits.id_chars)
 
+    def _target(
+        self, request: pb.UpdateMemoryRequest | pb.DeleteMemoryRequest, what: str
+    ) -> tuple[str, str, Tier]:
+        """The entry an update or delete names: (id, "", tier) or ("", match,
+        tier). Exactly one of id and match must be set; the tier (unspecified:
+        agent notes) is where a match is looked for."""
+        tier = write_tier(request.tier)
+        if not request.match:
+            if not request.id:
+                raise InvalidArgument(
+                    f"id and match are both empty; name the {what} by its id, or by text "
+                    "that occurs in its content (match)",
+                    reason="ID_EMPTY",
+                )
+            return self._id("id", request.id, what), "", tier
+        if request.id:
+            raise InvalidArgument(
+                f"both id and match are set; name the {what} by one of them",
+                reason="ID_AND_MATCH",
+                metadata={"field": "match"},
+            )
+        match = checked("match", request.match, self._limits.content_chars, multiline=True)
+        if not match.strip():
+            raise InvalidArgument(
+                "match holds only whitespace; quote text that occurs in the entry's content",
+                reason="MATCH_EMPTY",
+                metadata={"field": "match"},
+            )
+        return "", match, tier
+
     def _content(self, value: str) -> str:
         return clean_content(checked("content", value, self._limits.content_chars, multiline=True))
 
@@ -199,7 +229,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         self, request: pb.UpdateMemoryRequest, context: Any
     ) -> pb.UpdateMemoryResponse:
         scope = self._scope(request.scope)
-        memory_id = self._id("id", request.id, "memory to change")
+        memory_id, match, tier = self._target(request, "memory to change")
         content = self._content(request.content) if request.HasField("content") else None
         confidence = (
             check_confidence(request.confidence) if request.HasField("confidence") else None
@@ -212,6 +242,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             category=category,
             confidence=confidence,
             still_wanted=_still_wanted(context),
+            match=match,
+            tier=tier,
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
@@ -222,8 +254,10 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         self, request: pb.DeleteMemoryRequest, context: Any
     ) -> pb.DeleteMemoryResponse:
         scope = self._scope(request.scope)
-        memory_id = self._id("id", request.id, "memory to delete")
-        memory, usage = self._engine.delete(scope, memory_id, still_wanted=_still_wanted(context))
+        memory_id, match, tier = self._target(request, "memory to delete")
+        memory, usage = self._engine.delete(
+            scope, memory_id, still_wanted=_still_wanted(context), match=match, tier=tier
+        )
         return pb.DeleteMemoryResponse(
             memory=memory_pb(memory),
             usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),

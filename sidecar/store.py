@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from peewee import fn
 
 from sidecar import _sqlite, schema
-from sidecar._backend import Backend, FeedSettings, PartitionState, StatementSpan
+from sidecar._backend import Backend, FeedSettings, StatementSpan
 from sidecar._statements import Record
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
@@ -37,7 +37,6 @@ from sidecar.errors import (
     DataLoss,
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
 )
 from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
@@ -267,15 +266,18 @@ class Store:
         confidence: float | None = None,
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
     ) -> Written:
-        """Change the given fields of an entry of this scope (`vector`: the
-        new content's embedding, stored if the content changes).
+        """Change the given fields of an entry of this scope, named by id or
+        by `match` in `tier` (see Tables.edited) (`vector`: the new
+        content's embedding, stored if the content changes).
 
         Content identical to another entry of the same tier is refused
         (ALREADY_EXISTS, naming that entry): two entries never say the same.
         """
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            row, state = self._find_locked(scope, memory_id)
+            row, state = self.tables.edited(scope, memory_id, match, tier)
             _require_caller(still_wanted)
             tier = Tier(row.tier)
             policy = policies[tier]
@@ -289,7 +291,7 @@ class Store:
                         f"another entry of the {tier.label} tier already says exactly this "
                         f"(id {twin.memory_id}); update or delete that one instead",
                         reason="DUPLICATE_CONTENT",
-                        metadata={"id": memory_id, "existing_id": twin.memory_id},
+                        metadata={"id": row.memory_id, "existing_id": twin.memory_id},
                     )
                 delta = len(content) - row.content_chars
                 after = state._replace(content_chars=state.content_chars + delta)
@@ -322,11 +324,18 @@ class Store:
             return Written(to_memory(row), usage_of(after), False, state.generation, generation)
 
     def delete(
-        self, scope: Scope, memory_id: str, *, still_wanted: Wanted | None = None
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
+        still_wanted: Wanted | None = None,
     ) -> Written:
-        """Remove an entry of this scope; the memory is as it was."""
+        """Remove an entry of this scope, named by id or by `match` in
+        `tier`, as update does; the memory is as it was."""
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            row, state = self._find_locked(scope, memory_id)
+            row, state = self.tables.edited(scope, memory_id, match, tier)
             _require_caller(still_wanted)
             self._db.execute_sql(
                 self.tables.sql.delete.sql, self.tables.sql.delete.params(seq=row.seq)
@@ -406,19 +415,6 @@ class Store:
             tier: usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
         }
 
-    def _find_locked(self, scope: Scope, memory_id: str) -> tuple[Record, PartitionState]:
-        """The entry of this scope with this id, and its partition's state row, locked.
-
-        Read again once the partition is locked: another writer may have
-        changed or removed the entry in between.
-        """
-        row = self._find(scope, memory_id)
-        state = self._backend.lock_partition(row.owner, row.tier)
-        locked = self._find(scope, memory_id)
-        if (locked.owner, locked.tier) != (row.owner, row.tier):  # pragma: no cover - ids are fixed
-            raise NotFound(f"no memory with id {memory_id!r} in this scope")
-        return locked, state
-
     def _replay(
         self, owner: str, tier: Tier, key: str, content: str, now: int
     ) -> _Row | Record | None:
@@ -456,18 +452,6 @@ class Store:
                 content_sha256=_sqlite.content_digest(content),
                 created_at=now,
             )
-
-    def _find(self, scope: Scope, memory_id: str) -> Record:
-        rows = self.tables.rows_of(self.tables.sql.by_id, id=memory_id)
-        row = rows[0] if rows else None
-        if row is None or row.owner != scope.owner(Tier(row.tier)):
-            # The same answer whether the id does not exist or belongs to
-            # another scope: a request never learns about other scopes.
-            raise NotFound(
-                f"no memory with id {memory_id!r} in this scope",
-                metadata={"id": memory_id},
-            )
-        return row
 
 
 def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:

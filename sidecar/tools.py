@@ -432,14 +432,16 @@ class Tools:
     def _error(self, name: str, exc: SidecarError) -> ToolResult:
         if isinstance(exc, AmbiguousMatch):
             quoted = "\n".join(f"- {text!r}" for _id, text in exc.candidates)
+            count = f"more than {len(exc.candidates)}" if exc.more else len(exc.candidates)
             text = (
-                f"Not changed: {exc.match!r} occurs in {len(exc.candidates)} entries:\n"
-                f"{quoted}\nQuote more of the one you mean as old_text."
+                f"Not changed: old_text occurs in {count} entries:\n{quoted}"
+                f"{chr(10) + '- ...' if exc.more else ''}\n"
+                "Quote more of the one you mean as old_text."
             )
-        elif isinstance(exc, NotFound) and exc.reason != "MEMORY_NOT_FOUND":
+        elif isinstance(exc, NotFound) and exc.reason == "MATCH_NOT_FOUND":
             text = (
-                f"Not changed: no entry contains that old_text. {exc.message}. Use "
-                "memory_list or memory_search to find the entry's exact text."
+                f"Not changed: {exc.message}. Use memory_list or memory_search to find the "
+                "entry's exact text."
             )
         else:
             text = f"Not done: {exc.message}."

@@ -241,3 +241,66 @@ def test_docs_api_names_every_tool_and_argument(sidecar: Running) -> None:
         row = next(line for line in section.splitlines() if line.startswith(f"| `{name}` |"))
         for argument in json.loads(tool.input_schema_json)["properties"]:
             assert f"`{argument}`" in row, (name, argument)
+
+
+def test_replace_and_remove_find_the_entry_by_its_text(sidecar: Running) -> None:
+    call(sidecar, "memory", action="add", content="Deploy target is AWS us-east-1")
+    call(sidecar, "memory", action="add", target="user", content="Ada prefers dark mode")
+    replaced, outcome = call(
+        sidecar,
+        "memory",
+        action="replace",
+        old_text="us-east-1",
+        content="Deploy target is AWS eu-west-1",
+    )
+    assert not replaced.is_error
+    assert replaced.text == (
+        "Replaced in agent notes (target=memory) [1% — 30/2,200 chars]: "
+        "now 'Deploy target is AWS eu-west-1'"
+    )
+    assert outcome["action"] == "replace"
+    # The user tier is searched only with target=user.
+    missing, outcome = call(sidecar, "memory", action="remove", old_text="dark mode")
+    assert missing.is_error
+    assert outcome["error"]["reason"] == "MATCH_NOT_FOUND"
+    assert "memory_list or memory_search" in missing.text
+    removed, _ = call(sidecar, "memory", action="remove", target="user", old_text="dark mode")
+    assert removed.text == (
+        "Removed from user profile (target=user) [0% — 0/1,375 chars]: 'Ada prefers dark mode'"
+    )
+    assert contents(sidecar) == ["Deploy target is AWS eu-west-1"]
+
+
+def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar: Running) -> None:
+    for text in ("CI runs on Debian", "Staging runs on Debian too", "Prod runs on Alpine"):
+        call(sidecar, "memory", action="add", content=text)
+    before = contents(sidecar)
+    response, outcome = call(
+        sidecar, "memory", action="replace", old_text="Debian", content="CI runs on Ubuntu"
+    )
+    assert response.is_error
+    assert response.text.splitlines() == [
+        "Not changed: old_text occurs in 2 entries:",
+        "- 'CI runs on Debian'",
+        "- 'Staging runs on Debian too'",
+        "Quote more of the one you mean as old_text.",
+    ]
+    assert outcome["error"]["reason"] == "AMBIGUOUS_MATCH"
+    assert contents(sidecar) == before
+    exact, _ = call(
+        sidecar, "memory", action="replace", old_text="CI runs on Debian", content="CI: Ubuntu"
+    )
+    assert not exact.is_error
+    assert contents(sidecar) == ["CI: Ubuntu", "Staging runs on Debian too", "Prod runs on Alpine"]
+
+
+def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar("defaults: {memory_char_limit: 40}")
+    call(running, "memory", action="add", content="CI runs on Debian")
+    response, outcome = call(
+        running, "memory", action="replace", old_text="Debian", content="CI runs " + "x" * 60
+    )
+    assert response.is_error
+    assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
+    assert "1. (17 chars) CI runs on Debian" in response.text
+    assert contents(running) == ["CI runs on Debian"]
