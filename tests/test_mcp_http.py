@@ -207,10 +207,14 @@ def test_old_text_that_matches_no_entry_or_several_is_a_tool_error(
 
     missing, ambiguous, no_old_text = run(body)
     assert missing.is_error
-    assert missing.content[0].text.startswith("Not changed: no entry contains that old_text.")
+    assert missing.structured_content["error"]["reason"] == "MATCH_NOT_FOUND"
+    assert missing.content[0].text.startswith("Not changed: ")
+    assert "'Kubernetes'" in missing.content[0].text
     assert ambiguous.is_error
-    assert "occurs in 2 entries" in ambiguous.content[0].text
+    assert ambiguous.structured_content["error"]["reason"] == "AMBIGUOUS_MATCH"
+    assert ambiguous.content[0].text.startswith("Not changed: ")
     assert "'Staging deploys at noon'" in ambiguous.content[0].text
+    assert "'Production deploys on Friday'" in ambiguous.content[0].text
     assert no_old_text.is_error
     assert "`old_text` is required" in no_old_text.content[0].text
     assert contents(running) == ["Production deploys on Friday", "Staging deploys at noon"]
