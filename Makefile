@@ -44,7 +44,16 @@ $(NODE_EXAMPLE): examples/node/package.json examples/node/package-lock.json
 		echo "npm not found: the Node client test will be skipped"; \
 	fi
 
-node-example: $(NODE_EXAMPLE)
+# The MCP Node example's packages (tests/test_mcp_node.py runs it).
+MCP_NODE_EXAMPLE := examples/mcp-node/node_modules/.package-lock.json
+$(MCP_NODE_EXAMPLE): examples/mcp-node/package.json examples/mcp-node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --silent --no-audit --no-fund --prefix examples/mcp-node; \
+	else \
+		echo "npm not found: the MCP Node client test will be skipped"; \
+	fi
+
+node-example: $(NODE_EXAMPLE) $(MCP_NODE_EXAMPLE)
 
 run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
@@ -74,4 +83,4 @@ protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) .tools examples/node/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .tools examples/node/node_modules examples/mcp-node/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info

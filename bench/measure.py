@@ -39,7 +39,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.memory import Memory, Tier
 from sidecar.store import Store
 
-SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)")
+SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)(?: mcp=(\S+))?")
 
 
 # --- the daemon ----------------------------------------------------------------
@@ -50,6 +50,8 @@ class Daemon:
     process: subprocess.Popen[str]
     api: str
     metrics: str
+    # The MCP listener's URL, when the config sets server.mcp_listen ("-": off).
+    mcp: str = "-"
 
     def stop(self) -> None:
         self.process.terminate()
@@ -114,7 +116,7 @@ def daemon(
             break
         match = SERVING.search(line)
         if match:
-            running = Daemon(process, match[1], match[3])
+            running = Daemon(process, match[1], match[3], match[4] or "-")
     if running is None:
         process.kill()
         raise RuntimeError("daemon did not start")

@@ -2,7 +2,8 @@
 
 One argparse parser for every subcommand: serve (sidecar.daemon), the online
 and offline operator commands (sidecar.admin), import-cagent (sidecar.cagent),
-health. Server flags become configuration keys through sidecar.config.load.
+health, mcp (sidecar.mcp_stdio, imported only for it: the mcp extra). Server
+flags become configuration keys through sidecar.config.load.
 
 Owns: subcommands, flags, exit codes and how a failure is reported. Must not
 touch: validating values (sidecar.config), RPCs or output formats
@@ -66,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--metrics-listen", metavar="ADDR", help="HOST:PORT serving Prometheus metrics at /metrics"
+    )
+    serve.add_argument(
+        "--mcp-listen",
+        metavar="ADDR",
+        help="HOST:PORT serving MCP (streamable HTTP) at /mcp; needs the mcp extra",
     )
     serve.add_argument(
         "--grace-seconds",
@@ -146,7 +152,6 @@ def _add_online(commands: Any) -> None:
     )
     group.add_argument("--agent-id", default="", help="scope: the agent (default scope: empty)")
     group.add_argument("--user-id", default="", help="scope: the user (default scope: empty)")
-    group.add_argument("--json", action="store_true", help="print JSON instead of tables")
     group.add_argument(
         "--timeout",
         type=float,
@@ -165,6 +170,20 @@ def _add_online(commands: Any) -> None:
         help="connect over TLS trusting this CA (default: the configured tls_cert_file)",
     )
     tiers = ("memory", "user", "both")
+
+    bridge = commands.add_parser(
+        "mcp",
+        parents=[online],
+        help="serve MCP over stdio, for clients that spawn a process: a bridge to a "
+        "running daemon's API, in the scope --agent-id and --user-id name",
+    )
+    bridge.add_argument(
+        "--session-id",
+        metavar="ID",
+        help="the runtime session (default: one of its own, ended on exit)",
+    )
+    # Added after `mcp` took its copy of the options: it prints no tables.
+    group.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
     add = commands.add_parser("add", parents=[online], help="add a memory")
     add.add_argument("content", help="what to remember")
@@ -238,6 +257,7 @@ _SERVER_FLAGS = (
     "listen",
     "health_listen",
     "metrics_listen",
+    "mcp_listen",
     "grace_seconds",
     "durability",
     "log_level",
@@ -310,6 +330,19 @@ def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
         store.close()
 
 
+def _mcp(args: argparse.Namespace, cfg: config.Config) -> int:
+    try:
+        from sidecar import mcp_stdio
+    except ImportError as exc:
+        print(
+            f"memory-sidecar: the mcp command needs the mcp extra "
+            f"(pip install 'memory-sidecar[mcp]'): {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return mcp_stdio.run(args, cfg)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = _parser().parse_args(argv)
     env: Mapping[str, Any] = os.environ if environ is None else environ
@@ -328,6 +361,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _offline(args, cfg)
         if args.command == "health":
             return admin.health(args, cfg, sys.stdout)
+        if args.command == "mcp":
+            return _mcp(args, cfg)
         return admin.Online(args, cfg, sys.stdout).run()
     except SidecarError as exc:
         print(f"memory-sidecar: {exc.message}", file=sys.stderr)

@@ -106,6 +106,10 @@ class ServerSettings:
     listen: str = "127.0.0.1:50051"
     health_listen: str = ""
     metrics_listen: str = ""
+    # The MCP server (the mcp extra): streamable HTTP at /mcp on this
+    # HOST:PORT; off when empty. Loopback only, unless a token is required,
+    # as for listen (sidecar.mcp_http).
+    mcp_listen: str = ""
     grace_seconds: float = 10.0
     durability: str = "normal"
     busy_timeout_ms: int = 5000
@@ -217,6 +221,12 @@ def _address(value: str) -> str | None:
     return None
 
 
+def _http_address(value: str) -> str | None:
+    if value.startswith("unix:"):
+        return "serves HTTP: must be HOST:PORT, not a unix: address"
+    return _address(value) and "must be HOST:PORT (port 0-65535)"
+
+
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "memory_char_limit": _at_least(0),
     "user_char_limit": _at_least(0),
@@ -231,6 +241,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "listen": lambda v: "must not be empty" if not v else _address(v),
     "health_listen": _address,
     "metrics_listen": _address,
+    "mcp_listen": _http_address,
     "grace_seconds": _at_least(0),
     "durability": _one_of("normal", "full"),
     "busy_timeout_ms": _at_least(0),
@@ -408,12 +419,20 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
     if server.tls_client_ca_file and not server.tls_cert_file:
         raise ConfigError("server.tls_client_ca_file", "mutual TLS needs tls_cert_file too")
     tokens = server.auth_token_file or server.auth_tokens_file
-    if not is_loopback(server.listen) and not tokens and not server.insecure:
+    # The MCP listener takes the API's tokens, and the same rule.
+    for key in ("listen", "mcp_listen"):
+        address = getattr(server, key)
+        if address and not is_loopback(address) and not tokens and not server.insecure:
+            raise ConfigError(
+                f"server.{key}",
+                f"{address} is reachable from other hosts; set auth_token_file "
+                "(--auth-token-file), auth_tokens_file (--auth-tokens-file) or, "
+                "knowingly, insecure (--insecure)",
+            )
+    if server.mcp_listen and not _installed("mcp.server"):
         raise ConfigError(
-            "server.listen",
-            f"{server.listen} is reachable from other hosts; set auth_token_file "
-            "(--auth-token-file), auth_tokens_file (--auth-tokens-file) or, "
-            "knowingly, insecure (--insecure)",
+            "server.mcp_listen",
+            "the MCP server needs the mcp extra: pip install 'memory-sidecar[mcp]'",
         )
     return server
 

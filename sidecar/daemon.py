@@ -28,12 +28,20 @@ from sidecar.store import Store, is_dsn
 log = logging.getLogger("sidecar")
 
 
+# Libraries that log every MCP session and connection at info: only their
+# warnings, unless the daemon logs at debug.
+_CHATTY = ("mcp", "uvicorn", "httpx2")
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if level != "debug":
+        for name in _CHATTY:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def open_store(config: Config, metrics: Metrics | None = None) -> Store:
@@ -51,8 +59,9 @@ def open_store(config: Config, metrics: Metrics | None = None) -> Store:
         password=server.db_password,
         synchronous=server.durability,
         busy_timeout_ms=server.busy_timeout_ms,
-        # One connection per RPC worker, and a few for start-up and tools.
-        max_connections=server.max_workers + 4,
+        # One connection per RPC worker (and per MCP worker thread: as many
+        # again), and a few for start-up and tools.
+        max_connections=server.max_workers * (2 if server.mcp_listen else 1) + 4,
         on_query=metrics.db_query if metrics else None,
     )
 
@@ -80,10 +89,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         store.close()
         raise
     log.info(
-        "serving api=%s health=%s metrics=%s db=%s schema=%d",
+        "serving api=%s health=%s metrics=%s mcp=%s db=%s schema=%d",
         addresses.api,
         addresses.health or "-",
         addresses.metrics or "-",
+        addresses.mcp or "-",
         store.path,
         version,
     )

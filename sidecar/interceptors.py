@@ -229,7 +229,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._token = token
         self._tokens = tokens
 
-    def _grant(self, presented: bytes) -> Grant | None:
+    def grant(self, presented: bytes) -> Grant | None:
+        """The grant of a presented token, or None when it is not valid (the
+        MCP listener, sidecar.mcp_http, checks its bearer tokens here too)."""
         grant = None
         if self._tokens is not None:
             grant = self._tokens.grant(presented)
@@ -252,7 +254,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 scheme, _, credential = raw.partition(b" ")
                 if scheme.lower() == b"bearer":
                     presented = credential.strip()
-        grant = self._grant(presented) if presented else None
+        grant = self.grant(presented) if presented else None
         if grant is not None and grant.unrestricted:
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)

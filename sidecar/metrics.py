@@ -176,6 +176,14 @@ class Metrics:
             ["pattern", "action"],
             registry=r,
         )
+        self.mcp_tool_calls = Counter(
+            "memory_mcp_tool_calls",
+            "MCP tool calls on server.mcp_listen, by tool (unknown: a name that is none) and "
+            "outcome (ok; error: a result the model reads as an error, such as a full tier; "
+            "failed: refused with an MCP error, such as a token's grant).",
+            ["tool", "outcome"],
+            registry=r,
+        )
         for block in ("system", "turn"):
             self.injected_tokens.labels(block)
         for tier in ("memory", "user"):

@@ -1,4 +1,4 @@
-"""Building and stopping the listeners: API, health, metrics.
+"""Building and stopping the listeners: API, health, metrics, MCP.
 
 `Sidecar` wires the engine (and its encoder), MemoryService, the interceptors
 and the background threads around one open store; sidecar.daemon runs it.
@@ -6,17 +6,19 @@ and the background threads around one open store; sidecar.daemon runs it.
 Built separately from running (gRPC's own examples do the same), so tests
 bind port 0 and talk to a real channel.
 
-Owns: the listeners (API with TLS, health, metrics), the interceptor order, the
-worker pool, the janitor, encoder_for, and the order of start and stop. Must not
-touch: request handling (sidecar.service), SQL, os.environ. It does install
-tracing on the store, and starts and stops the engine's `feed` and `semantic`
-itself.
+Owns: the listeners (API with TLS, health, metrics, and the socket of the MCP
+listener, which sidecar.mcp_http serves), the interceptor order, the worker
+pool, the janitor, encoder_for, and the order of start and stop. Must not
+touch: request handling (sidecar.service, sidecar.mcp_server), SQL, os.environ.
+It does install tracing on the store, and starts and stops the engine's `feed`
+and `semantic` itself.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from sidecar.store import Store
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
+    from sidecar.mcp_http import McpListener
     from sidecar.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -118,8 +121,9 @@ def tls_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-def _auth(server: ServerSettings) -> list[grpc.ServerInterceptor]:
-    """Bearer tokens on the API, when a token file or a tokens file is set.
+def _auth(server: ServerSettings) -> AuthInterceptor | None:
+    """Bearer tokens on the API (and the MCP listener), when a token file or
+    a tokens file is set.
 
     Both may be: the single token addresses every scope, each of the tokens
     file's only what its grant lists.
@@ -127,8 +131,30 @@ def _auth(server: ServerSettings) -> list[grpc.ServerInterceptor]:
     token = TokenFile(server.auth_token_file) if server.auth_token_file else None
     tokens = TokensFile(server.auth_tokens_file) if server.auth_tokens_file else None
     if token is None and tokens is None:
-        return []
-    return [AuthInterceptor(token, tokens)]
+        return None
+    return AuthInterceptor(token, tokens)
+
+
+def _listening_socket(address: str, what: str) -> socket.socket:
+    """A TCP socket bound to HOST:PORT and listening (port 0: any free one)."""
+    host, _, port = address.rpartition(":")
+    try:
+        family, kind, proto, _name, where = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise BindError(f"cannot listen for {what} on {address}: {exc.strerror or exc}") from None
+    try:
+        # Rebinding a port in TIME_WAIT after a restart; unlike grpcio's
+        # SO_REUSEPORT, a port another process listens on stays an error.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise BindError(f"cannot listen for {what} on {address}: {exc.strerror or exc}") from None
+    return sock
 
 
 def _display(address: str, port: int) -> str:
@@ -143,6 +169,8 @@ class Addresses:
     api: str
     health: str | None
     metrics: str | None
+    # The MCP listener's URL (http://HOST:PORT/mcp), when server.mcp_listen is set.
+    mcp: str | None = None
 
 
 class Sidecar:
@@ -177,7 +205,7 @@ class Sidecar:
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
         # Read before anything is installed on the store: an invalid token
         # file must not leave statement wrappers behind.
-        auth = list(_auth(config.server))
+        auth = _auth(config.server)
         # Spans for the RPCs and their statements, on `tracer_provider` or
         # one exporting over OTLP. With tracing off OpenTelemetry is never
         # imported, and no interceptor or statement wrapper is installed.
@@ -194,7 +222,7 @@ class Sidecar:
             interceptors=[
                 *([self._tracing.interceptor()] if self._tracing else []),
                 MetricsInterceptor(self.metrics),
-                *auth,
+                *([auth] if auth else []),
                 ErrorInterceptor(),
             ],
             options=[
@@ -209,6 +237,19 @@ class Sidecar:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._api
         )
+        self._mcp: McpListener | None = None
+        self._mcp_socket: socket.socket | None = None
+        if config.server.mcp_listen:
+            from sidecar.mcp_http import McpListener  # the mcp extra
+            from sidecar.tools import Tools
+
+            self._mcp = McpListener(
+                config,
+                Tools(self.engine, config.server.limits()),
+                metrics=self.metrics,
+                end_session=self.engine.end_session,
+                auth=auth,
+            )
         self._health_server: grpc.Server | None = None
         self._metrics_server: Any = None
         self._stopped = threading.Event()
@@ -262,6 +303,8 @@ class Sidecar:
                         f"cannot listen for metrics on {server.metrics_listen}: {exc.strerror}"
                     ) from None
                 metrics_address = f"{host}:{self._metrics_server.server_port}"
+            if self._mcp is not None:
+                self._mcp_socket = _listening_socket(server.mcp_listen, "MCP")
         except BindError:
             self._close_listeners()
             raise
@@ -278,12 +321,22 @@ class Sidecar:
             os.chmod(server.listen.removeprefix("unix:").removeprefix("//"), 0o600)
         if self._health_server is not None:
             self._health_server.start()
+        mcp_url = None
+        if self._mcp is not None and self._mcp_socket is not None:
+            try:
+                mcp_url = self._mcp.start(self._mcp_socket)
+            except Exception:
+                self._api.stop(None).wait()
+                if self.engine.feed is not None:
+                    self.engine.feed.stop()
+                self._close_listeners()
+                raise
         self._janitor.start()
         if self.engine.semantic is not None:
             self.engine.semantic.start()  # embeds entries stored without a vector
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return Addresses(api=api, health=health_address, metrics=metrics_address)
+        return Addresses(api=api, health=health_address, metrics=metrics_address, mcp=mcp_url)
 
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish.
@@ -300,7 +353,11 @@ class Sidecar:
         # API drains; the health listener stays up until the API is done.
         self.health.enter_graceful_shutdown()
         grace = self.config.server.grace_seconds if grace is None else grace
-        self._api.stop(grace).wait()
+        # Both drain at once: MCP requests are served by the same engine.
+        api_stopped = self._api.stop(grace)
+        if self._mcp is not None:
+            self._mcp.stop(grace)
+        api_stopped.wait()
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:
@@ -315,6 +372,9 @@ class Sidecar:
             self._tracing.shutdown()
 
     def _close_listeners(self) -> None:
+        if self._mcp_socket is not None:
+            self._mcp_socket.close()  # uvicorn closed it already once it served
+            self._mcp_socket = None
         if self._health_server is not None:
             self._health_server.stop(None).wait()
         if self._metrics_server is not None:

@@ -257,7 +257,7 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 
 # --- the daemon as a real subprocess -----------------------------------------
 
-_SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)")
+_SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)(?: mcp=(\S+))?")
 
 
 @dataclass
@@ -267,6 +267,8 @@ class Daemon:
     health: str
     metrics: str
     log: list[str]
+    # The MCP listener's URL, or "-" when it is off.
+    mcp: str = "-"
 
     def wait(self, timeout: float = 20) -> int:
         """Wait for the exit; collect the rest of the log."""
@@ -302,7 +304,7 @@ def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
         log.append(line.rstrip("\n"))
         match = _SERVING.search(line)
         if match:
-            return Daemon(process, match[1], match[2], match[3], log)
+            return Daemon(process, match[1], match[2], match[3], log, match[4] or "-")
     daemon = Daemon(process, "", "", "", log)
     daemon.close()
     raise AssertionError("daemon did not report serving:\n" + "\n".join(log))

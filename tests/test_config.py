@@ -102,6 +102,9 @@ def test_config_is_immutable(tmp_path: Path) -> None:
         ("agents: {coder: [1, 2]}", "agents.coder", "a mapping"),
         ("server: {listen: 'nowhere'}", "server.listen", "HOST:PORT"),
         ("server: {durability: eventually}", "server.durability", "one of normal, full"),
+        ("server: {mcp_listen: 'unix:/run/m.sock'}", "server.mcp_listen", "serves HTTP"),
+        ("server: {mcp_listen: 'localhost'}", "server.mcp_listen", "HOST:PORT"),
+        ("server: {mcp_listen: '0.0.0.0:8000'}", "server.mcp_listen", "reachable from other"),
         ("servers: {}", "servers", "unknown top-level key"),
         ("- just a list", "config file", "a mapping"),
         ("defaults: {a: [unclosed", "config file", "not valid YAML"),
@@ -122,6 +125,25 @@ def test_invalid_environment_and_flag_values_name_the_variable() -> None:
         config.load(environ={"MEMORY_SIDECAR_MAX_INJECT_MEMORIES": "many"})
     with pytest.raises(ConfigError, match="--grace-seconds: must be at least 0"):
         config.load(environ={}, flags={"grace_seconds": "-2"})
+
+
+def test_the_mcp_listener_follows_the_apis_loopback_rule(tmp_path: Path) -> None:
+    assert config.load(environ={}).server.mcp_listen == ""  # off by default
+    token = tmp_path / "token"
+    token.write_text("t")
+    for flags in (
+        {"mcp_listen": "127.0.0.1:0"},
+        {"mcp_listen": "[::1]:8000"},
+        {"mcp_listen": "0.0.0.0:8000", "auth_token_file": str(token)},
+        {"mcp_listen": "0.0.0.0:8000", "auth_tokens_file": str(token)},
+        {"mcp_listen": "0.0.0.0:8000", "insecure": "true"},
+    ):
+        assert config.load(environ={}, flags=flags).server.mcp_listen == flags["mcp_listen"]
+    with pytest.raises(ConfigError, match="--mcp-listen: must be HOST:PORT"):
+        config.load(environ={}, flags={"mcp_listen": "8000"})
+    refused = run_sidecar("serve", "--db", str(tmp_path / "m.db"), "--mcp-listen", "0.0.0.0:0")
+    assert refused.returncode == 2
+    assert "server.mcp_listen: 0.0.0.0:0 is reachable from other hosts" in refused.stderr
 
 
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
