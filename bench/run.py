@@ -8,8 +8,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
     python -m bench.run [--quick] [--output docs/BENCHMARKS.md]
 
 This file is the runner: its flags and the order of the sections. Each
-section is a module of its own (bench/turns.py for 1-2 ... bench/semantic.py
-for 15), measuring with bench/measure.py; bench/report.py writes the report.
+section is a module of its own (bench/turns.py for 1-2 ... bench/near_duplicates.py
+for 16), measuring with bench/measure.py; bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
 from bench.large_tiers import bench_large_tiers
 from bench.measure import Report, postgres
+from bench.near_duplicates import bench_near_duplicates
 from bench.postgres_turn import bench_postgres_turn
 from bench.postgres_writes import bench_postgres_writes
 from bench.prefix_cache import bench_prefix_cache
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 16))
+        only = set(args.only or range(1, 17))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if 15 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_semantic(report, Path(tmp), corpus, 1000 if quick else 5000, 50 if quick else 300)
+    if 16 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
+            bench_near_duplicates(report, Path(tmp), corpus, 200 if quick else 1000)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0
