@@ -8,8 +8,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
     python -m bench.run [--quick] [--output docs/BENCHMARKS.md]
 
 This file is the runner: its flags and the order of the sections. Each
-section is a module of its own (bench/turns.py for 1-2 ... bench/mcp_calls.py
-for 17), measuring with bench/measure.py; bench/report.py writes the report.
+section is a module of its own (bench/turns.py for 1-2 ... bench/near_duplicates.py
+for 18), measuring with bench/measure.py; bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from bench.corpus import Corpus
 from bench.large_tiers import bench_large_tiers
 from bench.mcp_calls import bench_mcp_calls
 from bench.measure import Report, postgres
+from bench.near_duplicates import bench_near_duplicates
 from bench.postgres_turn import bench_postgres_turn
 from bench.postgres_writes import bench_postgres_writes
 from bench.prefix_cache import bench_prefix_cache
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 18))
+        only = set(args.only or range(1, 19))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if 17 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_mcp_calls(report, Path(tmp), corpus, 1000, 200 if quick else 2000)
+    if 18 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
+            bench_near_duplicates(report, Path(tmp), corpus, 200 if quick else 1000)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -155,6 +155,15 @@ class LRU(Generic[K, V]):
                     break
                 self.weight -= self._items.pop(victim)[1]
 
+    def discard(self, key: K) -> None:
+        """Forget an entry, if held."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.weight -= old[1]
+            if key == self._giant:
+                self._giant = None
+
     def _over_budget(self) -> bool:
         """Whether the entries besides the giant pass the budget: the cache
         holds at most the budget plus one giant."""

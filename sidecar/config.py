@@ -78,6 +78,14 @@ class AgentSettings:
     # for all-MiniLM-L6-v2, another model's cosines lie elsewhere).
     semantic_weight: float = 0.5
     semantic_min_similarity: float = 0.35
+    # Near-duplicates on AddMemory (sidecar.similarity): report the entries
+    # of the tier the new one nearly repeats (and write it), refuse the
+    # write (ALREADY_EXISTS, SIMILAR_MEMORY), or allow (nothing computed);
+    # nearly = a score of similar_threshold or more (0..1; the default was
+    # chosen on the tuning half of bench/similarity/pairs.jsonl, section 18
+    # of make bench).
+    similar_writes: str = "report"
+    similar_threshold: float = 0.64
     # Resolved from the environment variable named by keyword_llm_api_key_env;
     # never read from the file, never printed.
     keyword_llm_api_key: str = field(default="", repr=False)
@@ -253,6 +261,8 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "content_scanning": _one_of("strict", "warn", "off"),
     "semantic_weight": _between(0, 1),
     "semantic_min_similarity": _between(-1, 1),
+    "similar_writes": _one_of("allow", "report", "refuse"),
+    "similar_threshold": _between(0, 1),
     "semantic_encoder": _one_of("off", "local", "endpoint"),
     "semantic_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"

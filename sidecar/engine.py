@@ -33,12 +33,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from sidecar import scanner
+from sidecar import scanner, similarity
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
-from sidecar.errors import BudgetExceeded, InvalidArgument
+from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
@@ -47,6 +48,7 @@ from sidecar.queries import Queries, weights
 from sidecar.ranking import rank
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionTable, session_key, session_scope
+from sidecar.similarity import Similar
 from sidecar.snapshots import Snapshots, View
 from sidecar.store import Store, Wanted
 from sidecar.tokens import TokenCounter
@@ -76,6 +78,18 @@ def _edited_partitions(scope: Scope, match: str, tier: Tier) -> list[PartitionKe
     tier named."""
     tiers = [tier] if match else list(Tier)
     return [(t, scope.owner(t)) for t in tiers]
+
+
+class Added(NamedTuple):
+    """What an add did: the entry (the existing one when `created` is
+    False), its tier's usage, and the entries the new one nearly repeats
+    (sidecar.similarity; empty under similar_writes: allow, and when
+    nothing new was written)."""
+
+    memory: Memory
+    usage: Usage
+    created: bool
+    similar: tuple[Similar, ...]
 
 
 def _session_limits(settings: AgentSettings) -> Limits:
@@ -188,12 +202,22 @@ class MemoryEngine:
         *,
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
-    ) -> tuple[Memory, Usage, bool]:
+    ) -> Added:
         settings = self.settings(scope)
         self._screen(settings, "content", content)
         self._screen(settings, "category", category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
+        similar = self._similar(settings, key, content, held)
+        if similar and settings.similar_writes == "refuse":
+            # Before anything is written, and not a budget rejection.
+            nearest = similar[0]
+            raise SimilarExists(
+                tier=tier.value,
+                memory_id=nearest.memory.id,
+                content=nearest.memory.content,
+                score=nearest.score,
+            )
         with self.partitions.writing([key]), self._counting_rejections():
             written = self._store.add(
                 scope,
@@ -209,7 +233,40 @@ class MemoryEngine:
             self.partitions.added(key, written)
             if self.semantic is not None:
                 self.semantic.written(key, written, held, content_changed=True)
-        return written.memory, written.usage, written.created
+        return Added(
+            written.memory, written.usage, written.created, similar if written.created else ()
+        )
+
+    def _similar(
+        self, settings: AgentSettings, key: PartitionKey, content: str, vector: Floats | None
+    ) -> tuple[Similar, ...]:
+        """The entries of the tier the new content nearly repeats, against
+        the tier as of now (loaded if not cached: the next turn needs it
+        anyway, and the write then updates it in place). Advisory: taken
+        before the partition lock, so two adds of one restatement at once
+        may both pass.
+
+        Nothing is computed under similar_writes: allow, for a disabled tier
+        (the store refuses the write), or for a tier held compactly
+        (compact_tier_entries and up): finding candidates there and reading
+        them from the database costs a few times what the write does, and
+        such a tier is unlimited, not one that restatements crowd."""
+        tier = key[0]
+        if settings.similar_writes == "allow" or not settings.policy(tier).enabled:
+            return ()
+        self.partitions.verify([key])
+        if self.partitions.held_compactly(key):
+            return ()
+        partition = self.partitions.get(key)
+        if isinstance(partition, CompactPartition):  # grew past the threshold meanwhile
+            return ()
+        cosines = None
+        if vector is not None and self.semantic is not None and settings.semantic_weight:
+            cosines = self.semantic.similarities([partition], vector)
+        found = similarity.similar(partition, content, settings.similar_threshold, cosines=cosines)
+        if found and settings.similar_writes == "refuse" and similarity.holds(partition, content):
+            return ()  # identical content: the store returns the existing entry
+        return found
 
     def update(
         self,

@@ -3,7 +3,9 @@
 A partition is one tier of one owner: its entries and keyword index as of
 one generation, held in full (sidecar.partition) or compactly for a large
 tier (sidecar.compact, loaded through sidecar.indexer). Partitions are kept
-in a bounded LRU shared by every search, view and session.
+in a bounded LRU shared by every search, view and session. A partition held
+in full that reaches compact_tier_entries through a write of this process
+is let go, and loaded compactly at its next use.
 
 Freshness: `Generations` holds the newest known generation of each
 partition. Generations live in the database (sidecar._backend); this
@@ -95,6 +97,16 @@ class Partitions:
     def cached(self, key: PartitionKey) -> AnyPartition | None:
         """The cached partition, current or not (None if not cached)."""
         return self._cache.get(key)
+
+    def held_compactly(self, key: PartitionKey) -> bool:
+        """Whether the tier is held compactly: its cached partition is
+        compact or, not cached, it holds compact_tier_entries or more (one
+        read of its state row; nothing is loaded). A partition held in full
+        that reaches that size through a write is let go (see _written)."""
+        cached = self._cache.get(key)
+        if cached is not None:
+            return isinstance(cached, CompactPartition)
+        return bool(self._threshold) and self._store.tier_state(*key)[0] >= self._threshold
 
     # --- freshness ------------------------------------------------------------
 
@@ -231,10 +243,22 @@ class Partitions:
             # partition, or it was not the newest of its storage; it reloads.
             with contextlib.suppress(StopIteration):
                 changed = change(cached, written.generation)
-                if changed is not None:
+                if changed is not None and self._outgrown(changed):
+                    # Loaded afresh at its next use, compactly, as a
+                    # process that had not held it would load it.
+                    self._cache.discard(key)
+                elif changed is not None:
                     self._cache.put(key, changed)
                     self.indexer.maybe_index(key, changed)
         self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def _outgrown(self, partition: AnyPartition) -> bool:
+        """Whether a partition held in full has reached compact_tier_entries."""
+        return (
+            isinstance(partition, Partition)
+            and bool(self._threshold)
+            and partition.count >= self._threshold
+        )
 
     # --- letting go -------------------------------------------------------------
 

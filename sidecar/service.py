@@ -210,7 +210,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         category = self._category(request.category)
         confidence = check_confidence(request.confidence) if request.HasField("confidence") else 1.0
         key = checked("idempotency_key", request.idempotency_key, self._limits.id_chars)
-        memory, usage, created = self._engine.add(
+        added = self._engine.add(
             scope,
             tier,
             content,
@@ -220,9 +220,12 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             still_wanted=_still_wanted(context),
         )
         return pb.AddMemoryResponse(
-            memory=memory_pb(memory),
-            usage=usage_pb(tier, usage, self._engine.settings(scope)),
-            created=created,
+            memory=memory_pb(added.memory),
+            usage=usage_pb(tier, added.usage, self._engine.settings(scope)),
+            created=added.created,
+            similar=[
+                pb.SimilarMemory(memory=memory_pb(s.memory), score=s.score) for s in added.similar
+            ],
         )
 
     def UpdateMemory(

@@ -43,6 +43,7 @@ from sidecar.errors import (
     InvalidArgument,
     NotFound,
     SidecarError,
+    SimilarExists,
 )
 from sidecar.limits import Limits, checked
 from sidecar.memory import Memory, Scope, Tier, Usage, clean_content
@@ -295,12 +296,21 @@ class Tools:
             content = self._content(_text(arguments, "content", required=True))
             if arguments.get("old_text"):
                 raise _ArgumentError("`old_text` is for replace and remove; add takes content")
-            memory, usage, created = self._engine.add(scope, tier, content, "", 1.0)
-            verb = "Saved to" if created else "Already saved (an identical entry) in"
-            return ToolResult(
-                f"{verb} {label} {_usage_text(usage, limit)}: {memory.content}",
-                self._outcome(action, memory, usage, limit, created=created),
-            )
+            added = self._engine.add(scope, tier, content, "", 1.0)
+            memory, usage = added.memory, added.usage
+            verb = "Saved to" if added.created else "Already saved (an identical entry) in"
+            text = f"{verb} {label} {_usage_text(usage, limit)}: {memory.content}"
+            if added.similar:
+                text += (
+                    "\nIt nearly repeats "
+                    + "; ".join(repr(s.memory.content) for s in added.similar)
+                    + ". If they say the same, keep one (action=remove with old_text)."
+                )
+            outcome = self._outcome(action, memory, usage, limit, created=added.created)
+            outcome["similar"] = [
+                _memory_data(s.memory) | {"score": round(s.score, 4)} for s in added.similar
+            ]
+            return ToolResult(text, outcome)
         old_text = self._old_text(_text(arguments, "old_text", required=True))
         if action == "replace":
             content = self._content(_text(arguments, "content", required=True))
@@ -437,6 +447,12 @@ class Tools:
                 f"Not changed: old_text occurs in {count} entries:\n{quoted}"
                 f"{chr(10) + '- ...' if exc.more else ''}\n"
                 "Quote more of the one you mean as old_text."
+            )
+        elif isinstance(exc, SimilarExists):
+            text = (
+                f"Not saved: the {exc.tier} target already holds a similar entry: "
+                f"{exc.content!r}. If the new text corrects it, use action=replace with "
+                "old_text from it; if it says the same, it is already saved."
             )
         elif isinstance(exc, NotFound) and exc.reason == "MATCH_NOT_FOUND":
             text = (

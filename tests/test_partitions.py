@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.compact import CompactPartition
 from sidecar.memory import Scope, Tier
+from sidecar.partition import Partition
 from sidecar.store import Store, TierPolicy
 from tests.conftest import MakeEngine
 
@@ -122,3 +124,25 @@ def test_a_session_holding_an_older_view_still_hears_of_remote_writes(
     # Another process writes the tier (what the change feed reports).
     engine.partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, 10**9)
     assert not engine.inject(SCOPE, "a").cache_hit
+
+
+def test_a_tier_held_in_full_that_reaches_the_compact_size_is_let_go(
+    make_engine: MakeEngine,
+) -> None:
+    # Writes keep a cached tier current (near-duplicate checks load it), but
+    # one that reaches compact_tier_entries is held compactly from its next
+    # use, as a process that never held it would hold it.
+    engine, _, _ = make_engine(
+        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 4}"
+    )
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    for k in range(3):
+        engine.add(SCOPE, Tier.MEMORY, f"fact number {k} about the {k}th deploy", "", 1.0)
+    assert isinstance(engine.partitions.cached(key), Partition)
+    engine.add(SCOPE, Tier.MEMORY, "the last fact, about the release train", "", 1.0)
+    assert engine.partitions.cached(key) is None
+    engine.add(SCOPE, Tier.MEMORY, "one more, about the staging cluster", "", 1.0)
+    assert engine.partitions.cached(key) is None  # not loaded for a write
+    hits = engine.search(SCOPE, "release train", [Tier.MEMORY], limit=5)
+    assert [m.content for m, _ in hits][:1] == ["the last fact, about the release train"]
+    assert isinstance(engine.partitions.cached(key), CompactPartition)

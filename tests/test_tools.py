@@ -304,3 +304,30 @@ def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -
     assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
     assert "1. (17 chars) CI runs on Debian" in response.text
     assert contents(running) == ["CI runs on Debian"]
+
+
+def test_a_near_duplicate_is_reported_or_refused_as_the_agent_says(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar("agents: {strict: {similar_writes: refuse}}")
+    call(running, "memory", action="add", target="user", content="User prefers dark mode")
+    response, outcome = call(
+        running, "memory", action="add", target="user", content="The user prefers dark mode"
+    )
+    assert not response.is_error
+    assert "It nearly repeats 'User prefers dark mode'" in response.text
+    assert [s["content"] for s in outcome["similar"]] == ["User prefers dark mode"]
+
+    strict = pb.Scope(agent_id="strict", user_id="bob")
+    request = pb.CallToolRequest(
+        scope=strict,
+        name="memory",
+        arguments_json=json.dumps({"action": "add", "content": "Deploys go through ArgoCD"}),
+    )
+    assert not running.stub.CallTool(request, timeout=10).is_error
+    request.arguments_json = json.dumps({"action": "add", "content": "Deploys go via ArgoCD"})
+    refused_add = running.stub.CallTool(request, timeout=10)
+    assert refused_add.is_error
+    assert "already holds a similar entry: 'Deploys go through ArgoCD'" in refused_add.text
+    assert json.loads(refused_add.structured_json)["error"]["reason"] == "SIMILAR_MEMORY"
+    assert contents(running, strict) == ["Deploys go through ArgoCD"]

@@ -131,7 +131,10 @@ def test_a_call_continues_the_callers_trace_with_a_span_per_statement(
 
     statements = traced.children(rpc)
     names = [s.name for s in statements]
-    assert names[0] == "BEGIN"
+    # The near-duplicate check (similar_writes: report) reads the tier first;
+    # the write itself is one transaction.
+    begin = names.index("BEGIN")
+    assert set(names[:begin]) <= {"SELECT"}
     assert names[-1] == "COMMIT"
     assert "INSERT" in names
     for span in statements:
