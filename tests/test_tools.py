@@ -331,3 +331,11 @@ def test_a_near_duplicate_is_reported_or_refused_as_the_agent_says(
     assert "already holds a similar entry: 'Deploys go through ArgoCD'" in refused_add.text
     assert json.loads(refused_add.structured_json)["error"]["reason"] == "SIMILAR_MEMORY"
     assert contents(running, strict) == ["Deploys go through ArgoCD"]
+
+
+def test_docs_api_shows_each_schema_exactly(sidecar: Running) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text()
+    section = text.split("## Tools for the model", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```json\n")[1:]
+    shown = [json.loads(block.split("```", 1)[0]) for block in blocks]
+    assert shown == [json.loads(t.input_schema_json) for t in tools(sidecar).values()]
