@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import ROOT, MakeSidecar, require_tool
@@ -24,22 +25,27 @@ BUDGET_ERROR_INFO = {
 }
 
 
-def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeSidecar) -> None:
+def run_example(script: str, address: str) -> list[dict[str, Any]]:
+    """The JSON lines a Node example prints against the daemon at `address`."""
     node = require_tool(shutil.which("node"), "Node.js")
     require_tool(
         str(EXAMPLE / "node_modules") if (EXAMPLE / "node_modules").is_dir() else None,
         "the Node example's packages (`make node-example` installs them with npm)",
     )
-    running = make_sidecar()
     result = subprocess.run(
-        [node, str(EXAMPLE / "client.js"), running.addresses.api],
+        [node, str(EXAMPLE / script), address],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    steps = [json.loads(line) for line in result.stdout.splitlines()]
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar()
+    steps = run_example("client.js", running.addresses.api)
 
     assert [s["step"] for s in steps] == ["add", "add", "turn", "turn", "budget", "end"]
     assert [(s["tier"], s["limit"]) for s in steps[:2]] == [
@@ -67,21 +73,8 @@ def test_node_client_adds_turns_reads_error_details_and_ends(make_sidecar: MakeS
 def test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool(
     make_sidecar: MakeSidecar,
 ) -> None:
-    node = require_tool(shutil.which("node"), "Node.js")
-    require_tool(
-        str(EXAMPLE / "node_modules") if (EXAMPLE / "node_modules").is_dir() else None,
-        "the Node example's packages (`make node-example` installs them with npm)",
-    )
     running = make_sidecar()
-    result = subprocess.run(
-        [node, str(EXAMPLE / "tools.js"), running.addresses.api],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    steps = [json.loads(line) for line in result.stdout.splitlines()]
+    steps = run_example("tools.js", running.addresses.api)
     assert steps[0] == {"step": "tools", "names": ["memory", "memory_search", "memory_list"]}
     calls = steps[1:]
     assert [c["is_error"] for c in calls] == [False, False, False, False]

@@ -1,5 +1,5 @@
 // A memory-sidecar client in Node.js: @grpc/grpc-js with stubs loaded at run
-// time from protos/ by @grpc/proto-loader (no generation step).
+// time from protos/ by @grpc/proto-loader (no generation step; see stubs.js).
 //
 //   node client.js [ADDRESS]      (default 127.0.0.1:50051)
 //
@@ -8,21 +8,8 @@
 // JSON line per step.
 "use strict";
 
-const path = require("node:path");
-const grpc = require("@grpc/grpc-js");
-const protoLoader = require("@grpc/proto-loader");
 const protobuf = require("protobufjs");
-
-const PROTOS = path.resolve(__dirname, "..", "..", "protos");
-
-const definition = protoLoader.loadSync("memory/v1/memory.proto", {
-  includeDirs: [PROTOS],
-  keepCase: true, // field names as in the .proto: agent_id, system_block, ...
-  longs: Number,
-  enums: String, // TIER_MEMORY rather than 1
-  defaults: true,
-});
-const { MemoryService } = grpc.loadPackageDefinition(definition).memory.v1;
+const { connect, call, grpc } = require("./stubs");
 
 // google.rpc.Status and google.rpc.ErrorInfo, declared here field by field
 // (numbers from the google.rpc definitions) to decode the rich error details
@@ -60,18 +47,9 @@ function errorInfo(error) {
   return null;
 }
 
-function call(client, method, request) {
-  return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + 10_000 }, (err, response) =>
-      err ? reject(err) : resolve(response),
-    );
-  });
-}
-
 async function main() {
   const address = process.argv[2] || "127.0.0.1:50051";
-  const target = address.startsWith("unix:") ? address : `dns:${address}`;
-  const client = new MemoryService(target, grpc.credentials.createInsecure());
+  const client = connect(address);
   const scope = { agent_id: "node-agent", user_id: "node-user" };
   const say = (step, data) => console.log(JSON.stringify({ step, ...data }));
 

@@ -1,6 +1,6 @@
 // The model's memory tools from Node.js, without MCP: ListTools gives tool
 // definitions to pass to a model API as they are, CallTool runs the model's
-// calls. Same stubs as client.js (loaded at run time from protos/).
+// calls. Same stubs as client.js (stubs.js loads them from protos/).
 //
 //   node tools.js [ADDRESS]      (default 127.0.0.1:50051)
 //
@@ -9,33 +9,11 @@
 // list what is stored, printing one JSON line per step.
 "use strict";
 
-const path = require("node:path");
-const grpc = require("@grpc/grpc-js");
-const protoLoader = require("@grpc/proto-loader");
-
-const PROTOS = path.resolve(__dirname, "..", "..", "protos");
-
-const definition = protoLoader.loadSync("memory/v1/memory.proto", {
-  includeDirs: [PROTOS],
-  keepCase: true,
-  longs: Number,
-  enums: String,
-  defaults: true,
-});
-const { MemoryService } = grpc.loadPackageDefinition(definition).memory.v1;
-
-function call(client, method, request) {
-  return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + 10_000 }, (err, response) =>
-      err ? reject(err) : resolve(response),
-    );
-  });
-}
+const { connect, call } = require("./stubs");
 
 async function main() {
   const address = process.argv[2] || "127.0.0.1:50051";
-  const target = address.startsWith("unix:") ? address : `dns:${address}`;
-  const client = new MemoryService(target, grpc.credentials.createInsecure());
+  const client = connect(address);
   // The runtime's scope: the model never names it.
   const scope = { agent_id: "node-agent", user_id: "node-user" };
   const say = (step, data) => console.log(JSON.stringify({ step, ...data }));
