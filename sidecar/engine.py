@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sidecar import scanner, similarity
+from sidecar import scanner
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
@@ -208,7 +208,7 @@ class MemoryEngine:
         self._screen(settings, "category", category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
-        similar = self._similar(settings, key, content, held)
+        similar = self._queries.near_duplicates(settings, self.partitions, key, content, held)
         if similar and settings.similar_writes == "refuse":
             # Before anything is written, and not a budget rejection.
             nearest = similar[0]
@@ -236,37 +236,6 @@ class MemoryEngine:
         return Added(
             written.memory, written.usage, written.created, similar if written.created else ()
         )
-
-    def _similar(
-        self, settings: AgentSettings, key: PartitionKey, content: str, vector: Floats | None
-    ) -> tuple[Similar, ...]:
-        """The entries of the tier the new content nearly repeats, against
-        the tier as of now (loaded if not cached: the next turn needs it
-        anyway, and the write then updates it in place). Advisory: taken
-        before the partition lock, so two adds of one restatement at once
-        may both pass.
-
-        Nothing is computed under similar_writes: allow, for a disabled tier
-        (the store refuses the write), or for a tier held compactly
-        (compact_tier_entries and up): finding candidates there and reading
-        them from the database costs a few times what the write does, and
-        such a tier is unlimited, not one that restatements crowd."""
-        tier = key[0]
-        if settings.similar_writes == "allow" or not settings.policy(tier).enabled:
-            return ()
-        self.partitions.verify([key])
-        if self.partitions.held_compactly(key):
-            return ()
-        partition = self.partitions.get(key)
-        if isinstance(partition, CompactPartition):  # grew past the threshold meanwhile
-            return ()
-        cosines = None
-        if vector is not None and self.semantic is not None and settings.semantic_weight:
-            cosines = self.semantic.similarities([partition], vector)
-        found = similarity.similar(partition, content, settings.similar_threshold, cosines=cosines)
-        if found and settings.similar_writes == "refuse" and similarity.holds(partition, content):
-            return ()  # identical content: the store returns the existing entry
-        return found
 
     def update(
         self,

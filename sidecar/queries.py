@@ -1,14 +1,17 @@
-"""What a query asks for: its keyword terms and its semantic scores.
+"""What a query asks for: its keyword terms, its semantic scores, and the
+entries new content nearly repeats.
 
 Keywords come by the agent's strategy: local extraction (sidecar.keywords),
 or an LLM endpoint (sidecar.llm) that, once it fails, is skipped for a
 while and the local terms used instead. Semantic scores are the query's
 cosines with a partition's entries (sidecar.semantic), blended into BM25 by
-sidecar.ranking.rank.
+sidecar.ranking.rank. Near-duplicates score new content against its tier as
+of now (sidecar.similarity), before a write takes any lock.
 
-Owns: strategy choice and the endpoints' back-off. Must not touch: the
-partition cache, snapshots or sessions, and the store (semantic vectors are
-sidecar.semantic's business).
+Owns: strategy choice, the endpoints' back-off, and when near-duplicates are
+looked for. Must not touch: snapshots or sessions, the store (semantic
+vectors are sidecar.semantic's business), and the partition cache except
+through the Partitions it is handed.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from sidecar import similarity
+from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings
 from sidecar.keywords import keywords
 from sidecar.llm import KeywordModel, KeywordModelError, Pause
 from sidecar.metrics import Metrics
-from sidecar.partitions import AnyPartition
+from sidecar.partitions import AnyPartition, PartitionKey, Partitions
 from sidecar.ranking import SemanticScores, Weights
 from sidecar.semantic import Floats, Semantic
+from sidecar.similarity import Similar
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,42 @@ class Queries:
             settings.semantic_weight,
             settings.semantic_min_similarity,
         )
+
+    def near_duplicates(
+        self,
+        settings: AgentSettings,
+        partitions: Partitions,
+        key: PartitionKey,
+        content: str,
+        vector: Floats | None,
+    ) -> tuple[Similar, ...]:
+        """The entries of the tier the new content nearly repeats, against
+        the tier as of now (loaded if not cached: the next turn needs it
+        anyway, and the write then updates it in place). Advisory: taken
+        before the partition lock, so two adds of one restatement at once
+        may both pass.
+
+        Nothing is computed under similar_writes: allow, for a disabled tier
+        (the store refuses the write), or for a tier held compactly
+        (compact_tier_entries and up): finding candidates there and reading
+        them from the database costs a few times what the write does, and
+        such a tier is unlimited, not one that restatements crowd."""
+        tier = key[0]
+        if settings.similar_writes == "allow" or not settings.policy(tier).enabled:
+            return ()
+        partitions.verify([key])
+        if partitions.held_compactly(key):
+            return ()
+        partition = partitions.get(key)
+        if isinstance(partition, CompactPartition):  # grew past the threshold meanwhile
+            return ()
+        cosines = None
+        if vector is not None and self.semantic is not None and settings.semantic_weight:
+            cosines = self.semantic.similarities([partition], vector)
+        found = similarity.similar(partition, content, settings.similar_threshold, cosines=cosines)
+        if found and settings.similar_writes == "refuse" and similarity.holds(partition, content):
+            return ()  # identical content: the store returns the existing entry
+        return found
 
     def turn_keywords(
         self,
