@@ -208,6 +208,7 @@ MakeEngine = Callable[..., tuple[MemoryEngine, Clock, Metrics]]
 def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
     """An engine over a real store, with a clock the test moves by hand."""
     stores: list[Store] = []
+    engines: list[MemoryEngine] = []
 
     def make(yaml_text: str = "", *, changes: bool = False) -> tuple[MemoryEngine, Clock, Metrics]:
         path = tmp_path / "config.yaml"
@@ -219,9 +220,14 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
         stores.append(store)
         clock = Clock()
         engine = MemoryEngine(cfg, store, metrics=metrics, now=clock, changes=changes)
+        engines.append(engine)
         return engine, clock, metrics
 
     yield make
+    # As the daemon's stop() does: a store closed under a compact index being
+    # saved on a background thread crashes the process.
+    for engine in engines:
+        assert engine.stop_indexing(30)
     for store in stores:
         store.close()
 
