@@ -196,11 +196,15 @@ def build(
             count(label, "failed")
             raise
         count(label, "error" if result.is_error else "ok")
-        return types.CallToolResult(
-            content=[_text(result.text)],
-            structured_content=result.structured,
-            is_error=result.is_error,
-        )
+        # The wire form of a CallToolResult, as a dict: the SDK validates a
+        # result against the protocol's schema either way, and a model would
+        # only be built here to be dumped back to this dict (make bench, 17).
+        return {
+            "content": [{"type": "text", "text": result.text}],
+            "structuredContent": result.structured,
+            "isError": result.is_error,
+            "resultType": "complete",
+        }
 
     async def list_resources(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
         return types.ListResourcesResult(resources=[FROZEN_BLOCK])
@@ -236,7 +240,7 @@ def build(
             messages=[types.PromptMessage(role="user", content=_text(turn))],
         )
 
-    return Server(
+    server: Server[Any] = Server(
         "memory-sidecar",
         version=__version__,
         title="memory-sidecar",
@@ -249,3 +253,11 @@ def build(
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
     )
+    # The SDK's span per message goes to OpenTelemetry's global tracer
+    # provider, which the daemon never installs (sidecar.tracing keeps its
+    # own): a span nobody records, at a cost on every call. Opted out as the
+    # SDK documents (Server.middleware; the class is not exported by name).
+    server.middleware = [
+        m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"
+    ]
+    return server
