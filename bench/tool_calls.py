@@ -71,15 +71,8 @@ def bench_tool_calls(report: Report, work: Path, corpus: Corpus, size: int, coun
             ("add", add_rpc, add_tool),
         ):
             a, b = interleaved(plain, tool, count)
-            rows.append(
-                [
-                    what,
-                    us(pct(a, 50)),
-                    us(pct(b, 50)),
-                    us(pct(b, 99)),
-                    f"{pct(b, 50) / pct(a, 50):.2f}x",
-                ]
-            )
+            rpc, called = pct(a, 50), pct(b, 50)
+            rows.append([what, us(rpc), us(called), us(pct(b, 99)), f"{called / rpc:.2f}x"])
     report.add(
         "16. Tool calls (CallTool)",
         "A model's tool call run by the daemon (ListTools/CallTool: arguments as JSON, the "
