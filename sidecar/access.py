@@ -19,7 +19,8 @@ allowed, as before per-agent tokens existed.
 
 No grpc here: the interceptor carries the grant across, the service reads it.
 
-Owns: Grant, the call's grant (a context variable), authorize, the tokens file
+Owns: Grant, the call's grant (a context variable), authorize, bearer_token
+(the token of an authorization header, for gRPC and MCP alike), the tokens file
 and Reloading (also the base of interceptors.TokenFile); it keeps only token
 digests. Must not touch: grpc (the interceptor sets the grant, the service
 checks it), the engine, the store, os.environ; it reads only the tokens file and
@@ -97,6 +98,12 @@ def granted(grant: Grant) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+def bearer_token(authorization: bytes) -> bytes:
+    """The token of an `authorization: Bearer <token>` value; b"" for none."""
+    scheme, _, credential = authorization.partition(b" ")
+    return credential.strip() if scheme.lower() == b"bearer" else b""
 
 
 def authorize(scope: Scope) -> None:

@@ -133,7 +133,7 @@ def _usage_rows(usage: list[Any]) -> list[list[object]]:
 _USAGE_HEADERS = ("TIER", "USED", "LIMIT", "SHARE", "ENTRIES", "ENABLED")
 
 
-def _channel(address: str, args: argparse.Namespace, config: Config) -> grpc.Channel:
+def online_channel(address: str, args: argparse.Namespace, config: Config) -> grpc.Channel:
     """A channel with the token and TLS the daemon's configuration asks for."""
     token_file = args.token_file or config.server.auth_token_file
     ca_file = args.tls_ca_file or config.server.tls_cert_file
@@ -169,7 +169,7 @@ class Online:
         self.out = out
         self.address = args.address or config.server.listen
         self.scope = pb.Scope(agent_id=args.agent_id, user_id=args.user_id)
-        self.channel = _channel(self.address, args, config)
+        self.channel = online_channel(self.address, args, config)
         self.stub = pb_grpc.MemoryServiceStub(self.channel)
 
     def call(self, method: str, request: Any) -> Any:

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sidecar.access import ANY, Grant, Reloading, TokensFile, granted
+from sidecar.access import ANY, Grant, Reloading, TokensFile, bearer_token, granted
 from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated
 from sidecar.metrics import Metrics
 
@@ -241,6 +241,21 @@ class AuthInterceptor(grpc.ServerInterceptor):
             grant = ANY
         return grant
 
+    def authenticate(self, presented: bytes, *, header: str = "authorization") -> Grant:
+        """The grant of a presented token; Unauthenticated when there is none
+        (TOKEN_MISSING) or it is not valid. `header`: how the caller's
+        protocol spells the header, for the message (gRPC metadata keys are
+        lowercase; the MCP listener's HTTP says Authorization)."""
+        if not presented:
+            raise Unauthenticated(
+                f"a bearer token is required: send `{header}: Bearer <token>`",
+                reason="TOKEN_MISSING",
+            )
+        grant = self.grant(presented)
+        if grant is None:
+            raise Unauthenticated("the bearer token is not valid")
+        return grant
+
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
     ) -> Any:
@@ -250,27 +265,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
         presented = b""
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                raw = value.encode() if isinstance(value, str) else value
-                scheme, _, credential = raw.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    presented = credential.strip()
-        grant = self.grant(presented) if presented else None
-        if grant is not None and grant.unrestricted:
+                presented = bearer_token(value.encode() if isinstance(value, str) else value)
+        try:
+            grant = self.authenticate(presented)
+        except Unauthenticated as error:
+            handler = continuation(handler_call_details)
+            return None if handler is None else _refusing(handler, to_status(error))
+        if grant.unrestricted:
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        if grant is not None:
-            return _granting(handler, grant)
-        error = (
-            Unauthenticated(
-                "a bearer token is required: send `authorization: Bearer <token>`",
-                reason="TOKEN_MISSING",
-            )
-            if not presented
-            else Unauthenticated("the bearer token is not valid")
-        )
-        return _refusing(handler, to_status(error))
+        return None if handler is None else _granting(handler, grant)
 
 
 def _granting(handler: Any, grant: Grant) -> Any:

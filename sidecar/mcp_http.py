@@ -59,13 +59,13 @@ from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from sidecar import mcp_server
-from sidecar.access import ANY, Grant, authorize, granted
+from sidecar.access import ANY, Grant, authorize, bearer_token, granted
 from sidecar.config import Config, is_loopback
-from sidecar.errors import InvalidArgument, PermissionDenied, SidecarError, Unauthenticated
+from sidecar.errors import InvalidArgument, PermissionDenied, SidecarError
 from sidecar.limits import Limits, checked
 from sidecar.memory import Scope
 from sidecar.metrics import Metrics
-from sidecar.tools import ToolDef, ToolResult, Tools
+from sidecar.tools import SCHEMAS, ToolDef, ToolResult, Tools
 
 if TYPE_CHECKING:
     import socket
@@ -187,19 +187,10 @@ class _Gate:
 
     def bind(self, headers: Mapping[str, str]) -> tuple[Binding, str | None]:
         """The request's binding and its token's digest; raises what to refuse."""
-        scheme, _, credential = headers.get("authorization", "").partition(" ")
-        presented = credential.strip().encode() if scheme.lower() == "bearer" else b""
+        presented = bearer_token(headers.get("authorization", "").encode("latin-1"))
         grant = ANY
         if self._auth is not None:
-            if not presented:
-                raise Unauthenticated(
-                    "a bearer token is required: send `Authorization: Bearer <token>`",
-                    reason="TOKEN_MISSING",
-                )
-            found = self._auth.grant(presented)
-            if found is None:
-                raise Unauthenticated("the bearer token is not valid")
-            grant = found
+            grant = self._auth.authenticate(presented, header="Authorization")
         limit = self._limits.id_chars
         scope = Scope(
             agent_id=_header(headers, AGENT_HEADER, limit),
@@ -303,11 +294,7 @@ class McpListener:
         # state its budgets): read once, for the SDK's Mcp-Param check. A
         # schema that declares no Mcp-Param header has nothing to check (the
         # SDK walks it on every call to find out): None, as the SDK asks.
-        schemas = {
-            d.name: d.input_schema
-            for d in self._tools.definitions(Scope())
-            if _declares_headers(d.input_schema)
-        }
+        schemas = {name: schema for name, schema in SCHEMAS.items() if _declares_headers(schema)}
         counter = self._calls
         # As many engine calls at once as the API has workers.
         limiter = anyio.CapacityLimiter(server.max_workers)

@@ -18,7 +18,7 @@ token and TLS come as for the other online commands (`--address`,
 Owns: the bridge: the gRPC Backend, gRPC errors turned back into
 SidecarErrors (so both transports answer alike), the process's session.
 Must not touch: the engine or the store, os.environ. It takes the online
-commands' channel (token, TLS) from sidecar.admin's private `_channel`.
+commands' channel (token, TLS) from sidecar.admin.online_channel.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from mcp.server.stdio import stdio_server
 from sidecar import mcp_server
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.admin import _channel
+from sidecar.admin import online_channel
 from sidecar.config import Config
 from sidecar.errors import (
     AlreadyExists,
@@ -174,7 +174,7 @@ async def _serve(bridge: Bridge) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Serve MCP on stdin and stdout until the client closes them."""
     address = args.address or config.server.listen
-    channel = _channel(address, args, config)
+    channel = online_channel(address, args, config)
     own = not args.session_id
     bridge = Bridge(
         channel,

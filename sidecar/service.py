@@ -30,7 +30,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
-from sidecar.tools import ToolResult, Tools, arguments_of
+from sidecar.tools import Tools, arguments_of
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -430,15 +430,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         session_id = checked("session_id", request.session_id, self._limits.id_chars)
         name = checked("name", request.name, self._limits.id_chars)
         arguments = arguments_of(request.arguments_json)
-        if arguments is None:
-            # The model wrote them: it is told, and may try again.
-            result = ToolResult(
-                f"{name}: the arguments are not a JSON object; call it again with valid JSON.",
-                {"ok": False, "error": {"reason": "ARGUMENTS_INVALID"}},
-                is_error=True,
-            )
-        else:
-            result = self._tools.call(scope, session_id, name, arguments)
+        result = self._tools.call(scope, session_id, name, arguments)
         return pb.CallToolResponse(
             text=result.text,
             is_error=result.is_error,

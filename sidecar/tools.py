@@ -129,6 +129,42 @@ def _budgets(engine: MemoryEngine, scope: Scope) -> str:
     return "; ".join(parts)
 
 
+# The arguments' schemas, the same for every scope (only the descriptions
+# state a scope's budgets): built once, and what `call` checks names against.
+SCHEMAS: dict[str, dict[str, Any]] = {
+    MEMORY: _strict(
+        {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "target": _target_schema(both=False),
+            "content": {
+                "type": "string",
+                "description": "The entry's text (add, replace).",
+            },
+            "old_text": {
+                "type": "string",
+                "description": "Text that occurs in exactly one existing entry of the "
+                "target: the entry to replace or remove. Quote a distinctive part.",
+            },
+        },
+        ["action"],
+    ),
+    SEARCH: _strict(
+        {
+            "query": {"type": "string", "description": "What to look for."},
+            "target": _target_schema(both=True),
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_SEARCH_LIMIT,
+                "default": DEFAULT_SEARCH_LIMIT,
+            },
+        },
+        ["query"],
+    ),
+    LIST: _strict({"target": _target_schema(both=True)}, []),
+}
+
+
 def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
     """The tools, with descriptions that state this scope's budgets."""
     budgets = _budgets(engine, scope)
@@ -145,47 +181,20 @@ def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
         "instead of adding a contradicting one. Each target has a character budget "
         f"({budgets}); every result shows its usage, and when a target is full, shorten "
         "or remove entries first.",
-        _strict(
-            {
-                "action": {"type": "string", "enum": list(ACTIONS)},
-                "target": _target_schema(both=False),
-                "content": {
-                    "type": "string",
-                    "description": "The entry's text (add, replace).",
-                },
-                "old_text": {
-                    "type": "string",
-                    "description": "Text that occurs in exactly one existing entry of the "
-                    "target: the entry to replace or remove. Quote a distinctive part.",
-                },
-            },
-            ["action"],
-        ),
+        SCHEMAS[MEMORY],
     )
     search = ToolDef(
         SEARCH,
         "Search your long-term memories (agent notes and user profile) for entries "
         "relevant to a query, best first. Use it before adding, to avoid repeating an "
         "entry, and to find the exact text to pass as old_text.",
-        _strict(
-            {
-                "query": {"type": "string", "description": "What to look for."},
-                "target": _target_schema(both=True),
-                "limit": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": MAX_SEARCH_LIMIT,
-                    "default": DEFAULT_SEARCH_LIMIT,
-                },
-            },
-            ["query"],
-        ),
+        SCHEMAS[SEARCH],
     )
     listing = ToolDef(
         LIST,
         "List every entry of your long-term memories with its size in characters, and "
         f"each target's usage of its budget ({budgets}).",
-        _strict({"target": _target_schema(both=True)}, []),
+        SCHEMAS[LIST],
     )
     return [memory, search, listing]
 
@@ -223,6 +232,15 @@ def _usage_text(usage: Usage, limit_chars: int) -> str:
     return f"[{count:,} {'entry' if count == 1 else 'entries'}, no budget]"
 
 
+def _usage_entry(usage: Usage, limit_chars: int) -> dict[str, int]:
+    """A tier's usage in a structured result."""
+    return {
+        "used_chars": usage.used_chars,
+        "limit_chars": limit_chars,
+        "entry_count": usage.entry_count,
+    }
+
+
 def _memory_data(memory: Memory) -> dict[str, Any]:
     return {
         "id": memory.id,
@@ -253,9 +271,17 @@ class Tools:
         return definitions(self._engine, scope)
 
     def call(
-        self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any]
+        self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any] | None
     ) -> ToolResult:
-        """Run one call in `scope` (authorized by the caller)."""
+        """Run one call in `scope` (authorized by the caller). `arguments`
+        None: what the model sent is not a JSON object (see arguments_of)."""
+        if not isinstance(arguments, Mapping):
+            # The model wrote them: it is told, and may try again.
+            return self._refused(
+                name,
+                "the arguments are not a JSON object; call it again with valid JSON",
+                "ARGUMENTS_INVALID",
+            )
         run = self._runs.get(name)
         if run is None:
             raise InvalidArgument(
@@ -263,10 +289,7 @@ class Tools:
                 reason="TOOL_UNKNOWN",
                 metadata={"name": name},
             )
-        if not isinstance(arguments, Mapping):
-            return self._refused(name, "the arguments must be a JSON object", "ARGUMENTS_INVALID")
-        schema = {d.name: d for d in self.definitions(scope)}[name].input_schema
-        allowed = set(schema["properties"])
+        allowed = set(SCHEMAS[name]["properties"])
         unknown = sorted(set(arguments) - allowed)
         if unknown:
             return self._refused(
@@ -405,11 +428,7 @@ class Tools:
     def _usage_data(self, scope: Scope, usage: Mapping[Tier, Usage]) -> dict[str, Any]:
         settings = self._engine.settings(scope)
         return {
-            tier.value: {
-                "used_chars": u.used_chars,
-                "limit_chars": settings.policy(tier).limit_chars,
-                "entry_count": u.entry_count,
-            }
+            tier.value: _usage_entry(u, settings.policy(tier).limit_chars)
             for tier, u in usage.items()
         }
 
@@ -422,13 +441,7 @@ class Tools:
             "action": action,
             "created": created,
             "memory": _memory_data(memory),
-            "usage": {
-                memory.tier.value: {
-                    "used_chars": usage.used_chars,
-                    "limit_chars": limit,
-                    "entry_count": usage.entry_count,
-                }
-            },
+            "usage": {memory.tier.value: _usage_entry(usage, limit)},
         }
 
     @staticmethod
