@@ -45,7 +45,7 @@ from mcp.shared.exceptions import MCPError
 
 from sidecar import __version__
 from sidecar.errors import SidecarError
-from sidecar.tools import LIST, MEMORY, SEARCH, ToolDef, ToolResult
+from sidecar.tools import LIST, MEMORY, SCHEMAS, SEARCH, ToolDef, ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ INSTRUCTIONS = (
     "relevant to a user message."
 )
 # Bounded labels for the calls counted: a client may send any name.
-TOOL_NAMES = frozenset({MEMORY, SEARCH, LIST})
+TOOL_NAMES = frozenset(SCHEMAS)
 _ANNOTATIONS = {
     MEMORY: types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
     SEARCH: types.ToolAnnotations(read_only_hint=True),
