@@ -46,6 +46,16 @@ CHANGES_TABLE = "tier_changes"
 # one row per entry, deleted with it, naming the encoder and the content it
 # was computed from, so a vector is only used for the text it describes.
 VECTORS_TABLE = "memory_vectors"
+# Every change of every partition, for WatchMemories (schema 7): one row per
+# changed entry (kind add, update, delete, expire) or per erased partition
+# (kind erase, no entry), keyed by the generation the write took. Pruned by
+# age; EVENT_HORIZON_TABLE holds the largest generation pruned so far, so a
+# resume from before it is refused instead of silently missing events.
+EVENTS_TABLE = "memory_events"
+EVENT_HORIZON_TABLE = "memory_event_horizon"
+# Erasures (ForgetUser, DeleteScope): who, what, when and how many, never
+# content (schema 7).
+AUDIT_TABLE = "audit_log"
 # The duplicate check asks for a partition's first entry with a digest
 # (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
@@ -215,6 +225,19 @@ class Backend(abc.ABC):
             if row is not None:
                 found[(owner, tier)] = PartitionState(*(int(value) for value in row))
         return found
+
+    # --- the event log (WatchMemories) --------------------------------------
+
+    def append_event(
+        self, generation: int, owner: str, tier: str, kind: str, memory_id: str, at: int
+    ) -> None:
+        """Log one change for watchers. Inside the write's transaction."""
+        p = self.db.param
+        self.db.execute_sql(
+            f"INSERT INTO {EVENTS_TABLE} (generation, owner, tier, kind, memory_id, at)"
+            f" VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
+            (generation, owner, tier, kind, memory_id, at),
+        )
 
     # --- the persisted compact index (sidecar.compact) ----------------------
 

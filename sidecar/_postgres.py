@@ -33,8 +33,11 @@ from playhouse.pool import MaxConnectionsExceeded
 
 from sidecar import _backend
 from sidecar._backend import (
+    AUDIT_TABLE,
     CHANGES_TABLE,
     CONTENT_INDEX,
+    EVENT_HORIZON_TABLE,
+    EVENTS_TABLE,
     INDEX_TABLE,
     SCHEMA_TABLE,
     STATE_TABLE,
@@ -193,12 +196,47 @@ def _v6_vectors(db: Any) -> None:
     )
 
 
+def _v7_lifecycle(db: Any) -> None:
+    """Schema 7: as SQLite's (sidecar._sqlite._v7_lifecycle)."""
+    db.execute_sql("ALTER TABLE memories ADD COLUMN expires_at BIGINT")
+    db.execute_sql(
+        "CREATE INDEX idx_memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL"
+    )
+    db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN erased BIGINT NOT NULL DEFAULT 0")
+    db.execute_sql(
+        f"CREATE TABLE {EVENTS_TABLE} ("
+        " generation BIGINT NOT NULL,"
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " kind TEXT NOT NULL,"
+        " memory_id TEXT NOT NULL DEFAULT '',"
+        " at BIGINT NOT NULL)"
+    )
+    db.execute_sql(
+        f"CREATE INDEX idx_{EVENTS_TABLE}_scope ON {EVENTS_TABLE} (owner, tier, generation)"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{EVENTS_TABLE}_at ON {EVENTS_TABLE} (at)")
+    db.execute_sql(f"CREATE TABLE {EVENT_HORIZON_TABLE} (generation BIGINT NOT NULL)")
+    db.execute_sql(f"INSERT INTO {EVENT_HORIZON_TABLE} (generation) VALUES (0)")
+    db.execute_sql(
+        f"CREATE TABLE {AUDIT_TABLE} ("
+        " id BIGSERIAL PRIMARY KEY,"
+        " at BIGINT NOT NULL,"
+        " actor TEXT NOT NULL,"
+        " action TEXT NOT NULL,"
+        " target TEXT NOT NULL,"
+        " counts TEXT NOT NULL,"
+        " generation BIGINT NOT NULL)"
+    )
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (4, "memories, idempotency keys, a state row per partition", _v4_schema),
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
     (6, "entries' embeddings", _v6_vectors),
+    (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
 ]
 
 # SQLSTATEs a client can act on by retrying.

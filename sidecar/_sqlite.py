@@ -26,8 +26,11 @@ from playhouse.pool import PooledSqliteDatabase
 
 from sidecar import _backend
 from sidecar._backend import (
+    AUDIT_TABLE,
     CHANGES_TABLE,
     CONTENT_INDEX,
+    EVENT_HORIZON_TABLE,
+    EVENTS_TABLE,
     INDEX_TABLE,
     SCHEMA_TABLE,
     STATE_TABLE,
@@ -262,6 +265,43 @@ def _v6_vectors(db: PooledSqliteDatabase) -> None:
     )
 
 
+def _v7_lifecycle(db: PooledSqliteDatabase) -> None:
+    """Schema 7: entries' expiry, the event log WatchMemories reads, the
+    erasure audit log, and each partition's last erasure (tier_state.erased:
+    the generation of the erasure, 0 for none), which the change feed
+    delivers so every replica drops what showed the erased content."""
+    db.execute_sql("ALTER TABLE memories ADD COLUMN expires_at INTEGER")
+    db.execute_sql(
+        "CREATE INDEX idx_memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL"
+    )
+    db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN erased INTEGER NOT NULL DEFAULT 0")
+    db.execute_sql(
+        f"CREATE TABLE {EVENTS_TABLE} ("
+        " generation INTEGER NOT NULL,"
+        " owner TEXT NOT NULL,"
+        " tier TEXT NOT NULL,"
+        " kind TEXT NOT NULL,"
+        " memory_id TEXT NOT NULL DEFAULT '',"
+        " at INTEGER NOT NULL)"
+    )
+    db.execute_sql(
+        f"CREATE INDEX idx_{EVENTS_TABLE}_scope ON {EVENTS_TABLE} (owner, tier, generation)"
+    )
+    db.execute_sql(f"CREATE INDEX idx_{EVENTS_TABLE}_at ON {EVENTS_TABLE} (at)")
+    db.execute_sql(f"CREATE TABLE {EVENT_HORIZON_TABLE} (generation INTEGER NOT NULL)")
+    db.execute_sql(f"INSERT INTO {EVENT_HORIZON_TABLE} (generation) VALUES (0)")
+    db.execute_sql(
+        f"CREATE TABLE {AUDIT_TABLE} ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " at INTEGER NOT NULL,"
+        " actor TEXT NOT NULL,"
+        " action TEXT NOT NULL,"
+        " target TEXT NOT NULL,"
+        " counts TEXT NOT NULL,"
+        " generation INTEGER NOT NULL)"
+    )
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -274,6 +314,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (4, "a state row per partition", _v4_tier_state),
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
     (6, "entries' embeddings", _v6_vectors),
+    (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
 ]
 
 

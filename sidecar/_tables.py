@@ -66,6 +66,13 @@ class Tables:
             self.backend.drop_index(owner, tier.value)
         return generation
 
+    def logged(
+        self, owner: str, tier: Tier, generation: int, kind: str, memory_id: str, at: int
+    ) -> None:
+        """Append the write's event for WatchMemories (kind: add, update,
+        delete, expire, erase). Inside the write's transaction, after advance."""
+        self.backend.append_event(generation, owner, tier.value, kind, memory_id, at)
+
     def identical(self, owner: str, tier: Tier, content: str) -> Record | None:
         """The first entry of this owner and tier with exactly this content."""
         rows = self.rows_of(

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -49,15 +49,20 @@ from sidecar.memory import Scope
 log = logging.getLogger(__name__)
 
 ANY_ID = "*"
-_ENTRY_KEYS = ("token_file", "sha256", "agents", "users")
+_ENTRY_KEYS = ("name", "token_file", "sha256", "agents", "users", "erase")
 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """The agent_ids and user_ids a token may address; None means any."""
+    """The agent_ids and user_ids a token may address (None means any),
+    whether it may erase (ForgetUser, DeleteScope), and the token's name as
+    the audit log records it."""
 
     agents: frozenset[str] | None = None
     users: frozenset[str] | None = None
+    erase: bool = False
+    # Not part of what a grant allows: two entries may allow the same.
+    name: str = field(default="", compare=False)
 
     @property
     def unrestricted(self) -> bool:
@@ -65,16 +70,16 @@ class Grant:
 
     def refusal(self, scope: Scope) -> PermissionDenied | None:
         """Why this grant may not address `scope`, or None when it may."""
-        for field, value, allowed in (
+        for name, value, allowed in (
             ("agent_id", scope.agent_id, self.agents),
             ("user_id", scope.user_id, self.users),
         ):
             if allowed is not None and value not in allowed:
                 return PermissionDenied(
-                    f"this token may not address {field} {value!r}; "
+                    f"this token may not address {name} {value!r}; "
                     "use a token whose grant lists it",
                     metadata={
-                        "field": f"scope.{field}",
+                        "field": f"scope.{name}",
                         "agent_id": scope.agent_id,
                         "user_id": scope.user_id,
                     },
@@ -82,11 +87,15 @@ class Grant:
         return None
 
 
-ANY = Grant()
+# No auth configured: every scope, and erasure too (a sidecar without tokens
+# trusts whatever can reach its socket).
+ANY = Grant(erase=True, name="unauthenticated")
+# The single token of `server.auth_token_file`: every scope, no erasure
+# (only a tokens-file entry with `erase: true` may erase).
+SINGLE = Grant(name="auth_token_file")
 
 # The grant of the call this thread is serving. The default lets everything
-# through: without auth there is nothing to enforce, and the unrestricted
-# tokens (auth_token_file, or "*" for both) skip setting it on the hot path.
+# through: without auth there is nothing to enforce.
 _current: contextvars.ContextVar[Grant] = contextvars.ContextVar("grant", default=ANY)
 
 
@@ -109,11 +118,25 @@ def bearer_token(authorization: bytes) -> bytes:
 def authorize(scope: Scope) -> None:
     """Raise PermissionDenied unless the call's grant may address `scope`."""
     grant = _current.get()
-    if grant is ANY:
+    if grant.unrestricted:
         return
     refusal = grant.refusal(scope)
     if refusal is not None:
         raise refusal
+
+
+def authorize_erasure(what: str) -> str:
+    """The name of the call's token, for the audit log; PermissionDenied
+    (ERASE_NOT_GRANTED) unless its grant says `erase: true`."""
+    grant = _current.get()
+    if not grant.erase:
+        raise PermissionDenied(
+            f"{what} erases data: only a token whose entry in the tokens file says "
+            "`erase: true` may call it",
+            reason="ERASE_NOT_GRANTED",
+            metadata={"token": grant.name},
+        )
+    return grant.name
 
 
 # --- files re-read while serving ---------------------------------------------
@@ -214,8 +237,17 @@ def _entry(where: str, raw: Any, directory: Path) -> Entry:
             raise ConfigError(f"{where}.{key}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})")
     if ("token_file" in raw) == ("sha256" in raw):
         raise ConfigError(where, "give the token as exactly one of token_file or sha256")
+    erase = raw.get("erase", False)
+    if not isinstance(erase, bool):
+        raise ConfigError(f"{where}.erase", f"must be true or false, got {erase!r}")
+    name = raw.get("name", raw.get("token_file") or where)
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigError(f"{where}.name", f"must be a short non-empty string, got {name!r}")
     grant = Grant(
-        _ids(f"{where}.agents", raw.get("agents")), _ids(f"{where}.users", raw.get("users"))
+        _ids(f"{where}.agents", raw.get("agents")),
+        _ids(f"{where}.users", raw.get("users")),
+        erase=erase,
+        name=name,
     )
     if "sha256" in raw:
         text = raw["sha256"]

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sidecar.access import ANY, Grant, Reloading, TokensFile, bearer_token, granted
+from sidecar.access import SINGLE, Grant, Reloading, TokensFile, bearer_token, granted
 from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated
 from sidecar.metrics import Metrics
 
@@ -52,44 +52,67 @@ def _internal() -> grpc.Status:
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Maps exceptions raised by unary-unary handlers to statuses."""
+    """Maps exceptions raised by MemoryService's handlers (unary, and
+    server-streaming ones while they stream) to statuses."""
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
     ) -> Any:
         handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
-        behavior = handler.unary_unary
         method = handler_call_details.method
         deserialize = handler.request_deserializer
 
-        def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
+        def parsed(raw: bytes) -> Any:
+            # Parsed here rather than by grpc, so a malformed request (bad
+            # wire format, invalid UTF-8 in a string) is INVALID_ARGUMENT
+            # with details instead of a bare INTERNAL.
             try:
-                # Parsed here rather than by grpc, so a malformed request (bad
-                # wire format, invalid UTF-8 in a string) is INVALID_ARGUMENT
-                # with details instead of a bare INTERNAL.
-                try:
-                    request = deserialize(raw) if deserialize else raw
-                except DecodeError:
-                    raise InvalidArgument(
-                        f"the request is not a valid {method.rpartition('/')[2]} message",
-                        reason="MALFORMED_REQUEST",
-                    ) from None
-                return behavior(request, context)
-            except SidecarError as exc:
-                context.abort_with_status(to_status(exc))
-            except Exception:
-                # context.abort() inside a handler raises after setting the
-                # status: let that one through untouched.
-                if cast(Any, context).code() is not None:
-                    raise
-                log.exception("unhandled error in %s", method)
-                context.abort_with_status(_internal())
+                return deserialize(raw) if deserialize else raw
+            except DecodeError:
+                raise InvalidArgument(
+                    f"the request is not a valid {method.rpartition('/')[2]} message",
+                    reason="MALFORMED_REQUEST",
+                ) from None
 
-        return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=None, response_serializer=handler.response_serializer
-        )
+        def failed(exc: Exception, context: grpc.ServicerContext) -> None:
+            if isinstance(exc, SidecarError):
+                context.abort_with_status(to_status(exc))
+            # context.abort() inside a handler raises after setting the
+            # status: let that one through untouched.
+            if cast(Any, context).code() is not None:
+                raise exc
+            log.exception("unhandled error in %s", method, exc_info=exc)
+            context.abort_with_status(_internal())
+
+        if handler.unary_unary is not None:
+            behavior = handler.unary_unary
+
+            def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
+                try:
+                    return behavior(parsed(raw), context)
+                except Exception as exc:
+                    failed(exc, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded, request_deserializer=None, response_serializer=handler.response_serializer
+            )
+        if handler.unary_stream is not None and method.startswith("/memory.v1."):
+            streaming = handler.unary_stream
+
+            def guarded_stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from streaming(parsed(raw), context)
+                except Exception as exc:
+                    failed(exc, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                guarded_stream,
+                request_deserializer=None,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
 
 
 _KINDS = (
@@ -238,7 +261,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         single = self._token is not None and hmac.compare_digest(presented, self._token.token())
         # A token in both files keeps the tokens file's limits.
         if single and grant is None:
-            grant = ANY
+            grant = SINGLE
         return grant
 
     def authenticate(self, presented: bytes, *, header: str = "authorization") -> Grant:
@@ -271,8 +294,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         except Unauthenticated as error:
             handler = continuation(handler_call_details)
             return None if handler is None else _refusing(handler, to_status(error))
-        if grant.unrestricted:
-            return continuation(handler_call_details)
+        # Every authenticated call runs under its grant, unrestricted ones
+        # too: the grant also says whether the token may erase, and names
+        # it for the audit log.
         handler = continuation(handler_call_details)
         return None if handler is None else _granting(handler, grant)
 
@@ -282,23 +306,43 @@ def _granting(handler: Any, grant: Grant) -> Any:
 
     Interceptors run before the request is parsed, on another thread than
     the handler: the grant goes along inside the behaviour, and the service
-    checks each request's scope against it. Every MemoryService RPC is
-    unary (tests/test_access_tokens.py holds it so); streaming handlers
-    (reflection) address no scope and pass unchanged.
+    checks each request's scope against it. MemoryService's RPCs are unary
+    or server-streaming (tests/test_access_tokens.py holds it so); other
+    streaming handlers (reflection) address no scope and pass unchanged.
     """
-    behavior = handler.unary_unary
-    if behavior is None:
-        return handler
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
 
-    def call(request: Any, context: grpc.ServicerContext) -> Any:
-        with granted(grant):
-            return behavior(request, context)
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            with granted(grant):
+                return behavior(request, context)
 
-    return grpc.unary_unary_rpc_method_handler(
-        call,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        streaming = handler.unary_stream
+
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            # The grant is set around each step of the stream, never across
+            # a yield: the worker thread serves other calls in between.
+            responses = iter(streaming(request, context))
+            while True:
+                with granted(grant):
+                    try:
+                        response = next(responses)
+                    except StopIteration:
+                        return
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 def _refusing(handler: Any, status: grpc.Status) -> Any:

@@ -253,6 +253,7 @@ class Store:
                 entry_count=state.entry_count + 1,
             )
             generation = self.tables.advance(owner, tier, after, [row.seq])
+            self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
             return Written(to_memory(row), usage_of(after), True, state.generation, generation)
 
     def update(
@@ -321,6 +322,7 @@ class Store:
                 ),
             )
             generation = self.tables.advance(row.owner, tier, after, [row.seq])
+            self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
             return Written(to_memory(row), usage_of(after), False, state.generation, generation)
 
     def delete(
@@ -344,7 +346,10 @@ class Store:
                 content_chars=state.content_chars - row.content_chars,
                 entry_count=state.entry_count - 1,
             )
-            generation = self.tables.advance(row.owner, Tier(row.tier), after, [row.seq])
+            tier = Tier(row.tier)
+            generation = self.tables.advance(row.owner, tier, after, [row.seq])
+            now = to_micros(self._clock())
+            self.tables.logged(row.owner, tier, generation, "delete", row.memory_id, now)
             return Written(to_memory(row), usage_of(after), False, state.generation, generation)
 
     # --- reads --------------------------------------------------------------

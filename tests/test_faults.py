@@ -26,11 +26,12 @@ SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KiB filesystem of its own (tmpfs; needs root)."""
+    """A 1 MiB filesystem of its own (tmpfs; needs root): room for the
+    schema and a few dozen writes."""
     mount = tmp_path / "disk"
     mount.mkdir()
     made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
         capture_output=True,
         text=True,
         check=False,

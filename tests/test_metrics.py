@@ -69,8 +69,9 @@ def test_turns_writes_and_sessions_are_counted(served: Running) -> None:
     assert value(text, "memory_budget_rejections_total", tier="memory") == 1
     assert value(text, "memory_injected_tokens_total", block="system") > 0
     assert value(text, "memory_db_queries_total", operation="select") > 0
-    # The entry, and its partition's state row (created by its first write).
-    assert value(text, "memory_db_queries_total", operation="insert") == inserts + 2
+    # The entry, its event for watchers, and its partition's state row
+    # (created by its first write).
+    assert value(text, "memory_db_queries_total", operation="insert") == inserts + 3
     assert value(text, "memory_db_query_duration_seconds_count") >= 2
 
 

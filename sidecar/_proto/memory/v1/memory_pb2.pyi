@@ -46,7 +46,7 @@ class Scope(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
 
 class Memory(_message.Message):
-    __slots__ = ("id", "tier", "content", "category", "confidence", "created_at", "updated_at")
+    __slots__ = ("id", "tier", "content", "category", "confidence", "created_at", "updated_at", "expires_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class Memory(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     tier: Tier
     content: str
@@ -61,7 +62,8 @@ class Memory(_message.Message):
     confidence: float
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TierUsage(_message.Message):
     __slots__ = ("tier", "used_chars", "limit_chars", "entry_count", "enabled")
@@ -78,20 +80,24 @@ class TierUsage(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., used_chars: _Optional[int] = ..., limit_chars: _Optional[int] = ..., entry_count: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class AddMemoryRequest(_message.Message):
-    __slots__ = ("scope", "tier", "content", "category", "confidence", "idempotency_key")
+    __slots__ = ("scope", "tier", "content", "category", "confidence", "idempotency_key", "expires_at", "ttl_seconds")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     content: str
     category: str
     confidence: float
     idempotency_key: str
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    expires_at: _timestamp_pb2.Timestamp
+    ttl_seconds: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., idempotency_key: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class AddMemoryResponse(_message.Message):
     __slots__ = ("memory", "usage", "created", "similar")
@@ -114,7 +120,7 @@ class SimilarMemory(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class UpdateMemoryRequest(_message.Message):
-    __slots__ = ("scope", "id", "content", "category", "confidence", "match", "tier")
+    __slots__ = ("scope", "id", "content", "category", "confidence", "match", "tier", "expires_at", "ttl_seconds", "clear_expiry")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +128,9 @@ class UpdateMemoryRequest(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     MATCH_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_EXPIRY_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     id: str
     content: str
@@ -129,7 +138,10 @@ class UpdateMemoryRequest(_message.Message):
     confidence: float
     match: str
     tier: Tier
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+    expires_at: _timestamp_pb2.Timestamp
+    ttl_seconds: int
+    clear_expiry: bool
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[int] = ..., clear_expiry: _Optional[bool] = ...) -> None: ...
 
 class UpdateMemoryResponse(_message.Message):
     __slots__ = ("memory", "usage")
@@ -160,18 +172,20 @@ class DeleteMemoryResponse(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
 
 class GetMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "tier", "category", "page_size", "page_token")
+    __slots__ = ("scope", "tier", "category", "page_size", "page_token", "include_expired")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     category: str
     page_size: int
     page_token: str
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    include_expired: bool
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_expired: _Optional[bool] = ...) -> None: ...
 
 class GetMemoriesResponse(_message.Message):
     __slots__ = ("memories", "usage", "next_page_token")
@@ -340,3 +354,119 @@ class CallToolResponse(_message.Message):
     is_error: bool
     structured_json: str
     def __init__(self, text: _Optional[str] = ..., is_error: _Optional[bool] = ..., structured_json: _Optional[str] = ...) -> None: ...
+
+class ForgetUserRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class DeleteScopeRequest(_message.Message):
+    __slots__ = ("scope", "tier")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    tier: Tier
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+
+class ForgetUserResponse(_message.Message):
+    __slots__ = ("erasure",)
+    ERASURE_FIELD_NUMBER: _ClassVar[int]
+    erasure: Erasure
+    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...
+
+class DeleteScopeResponse(_message.Message):
+    __slots__ = ("erasure",)
+    ERASURE_FIELD_NUMBER: _ClassVar[int]
+    erasure: Erasure
+    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...
+
+class Erasure(_message.Message):
+    __slots__ = ("memories", "vectors", "idempotency_keys", "change_rows", "sessions", "generation", "audit_id")
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    memories: int
+    vectors: int
+    idempotency_keys: int
+    change_rows: int
+    sessions: int
+    generation: int
+    audit_id: int
+    def __init__(self, memories: _Optional[int] = ..., vectors: _Optional[int] = ..., idempotency_keys: _Optional[int] = ..., change_rows: _Optional[int] = ..., sessions: _Optional[int] = ..., generation: _Optional[int] = ..., audit_id: _Optional[int] = ...) -> None: ...
+
+class ExportMemoriesRequest(_message.Message):
+    __slots__ = ("scope", "tier", "for_user", "cursor", "batch_size")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FOR_USER_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    tier: Tier
+    for_user: bool
+    cursor: str
+    batch_size: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., for_user: _Optional[bool] = ..., cursor: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class ExportMemoriesResponse(_message.Message):
+    __slots__ = ("jsonl", "count", "cursor", "done")
+    JSONL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    jsonl: str
+    count: int
+    cursor: str
+    done: bool
+    def __init__(self, jsonl: _Optional[str] = ..., count: _Optional[int] = ..., cursor: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class WatchMemoriesRequest(_message.Message):
+    __slots__ = ("scope", "tier", "after_generation")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    tier: Tier
+    after_generation: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., after_generation: _Optional[int] = ...) -> None: ...
+
+class WatchMemoriesResponse(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: MemoryEvent
+    def __init__(self, event: _Optional[_Union[MemoryEvent, _Mapping]] = ...) -> None: ...
+
+class MemoryEvent(_message.Message):
+    __slots__ = ("kind", "generation", "tier", "id", "memory")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[MemoryEvent.Kind]
+        KIND_SYNC: _ClassVar[MemoryEvent.Kind]
+        KIND_ADD: _ClassVar[MemoryEvent.Kind]
+        KIND_UPDATE: _ClassVar[MemoryEvent.Kind]
+        KIND_DELETE: _ClassVar[MemoryEvent.Kind]
+        KIND_EXPIRE: _ClassVar[MemoryEvent.Kind]
+        KIND_ERASE: _ClassVar[MemoryEvent.Kind]
+    KIND_UNSPECIFIED: MemoryEvent.Kind
+    KIND_SYNC: MemoryEvent.Kind
+    KIND_ADD: MemoryEvent.Kind
+    KIND_UPDATE: MemoryEvent.Kind
+    KIND_DELETE: MemoryEvent.Kind
+    KIND_EXPIRE: MemoryEvent.Kind
+    KIND_ERASE: MemoryEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    kind: MemoryEvent.Kind
+    generation: int
+    tier: Tier
+    id: str
+    memory: Memory
+    def __init__(self, kind: _Optional[_Union[MemoryEvent.Kind, str]] = ..., generation: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., id: _Optional[str] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...

@@ -86,6 +86,26 @@ class MemoryServiceStub:
                 request_serializer=memory_dot_v1_dot_memory__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=memory_dot_v1_dot_memory__pb2.CallToolResponse.FromString,
                 _registered_method=True)
+        self.ForgetUser = channel.unary_unary(
+                '/memory.v1.MemoryService/ForgetUser',
+                request_serializer=memory_dot_v1_dot_memory__pb2.ForgetUserRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.ForgetUserResponse.FromString,
+                _registered_method=True)
+        self.DeleteScope = channel.unary_unary(
+                '/memory.v1.MemoryService/DeleteScope',
+                request_serializer=memory_dot_v1_dot_memory__pb2.DeleteScopeRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.DeleteScopeResponse.FromString,
+                _registered_method=True)
+        self.ExportMemories = channel.unary_stream(
+                '/memory.v1.MemoryService/ExportMemories',
+                request_serializer=memory_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.ExportMemoriesResponse.FromString,
+                _registered_method=True)
+        self.WatchMemories = channel.unary_stream(
+                '/memory.v1.MemoryService/WatchMemories',
+                request_serializer=memory_dot_v1_dot_memory__pb2.WatchMemoriesRequest.SerializeToString,
+                response_deserializer=memory_dot_v1_dot_memory__pb2.WatchMemoriesResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -167,6 +187,41 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetUser(self, request, context):
+        """ForgetUser erases everything stored for one user_id: the user tier's
+        entries, their vectors, index postings, change-log rows, idempotency
+        keys and the sessions and snapshots that showed them, on every replica.
+        Only tokens granted `erase` may call it. Idempotent; appends to the
+        audit log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteScope(self, request, context):
+        """DeleteScope erases one scope's tiers (or one of them), as ForgetUser
+        does. Only tokens granted `erase` may call it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportMemories(self, request, context):
+        """ExportMemories streams one scope's entries, or everything stored for
+        one user, as JSONL lines in the format `memory-sidecar import` reads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchMemories(self, request, context):
+        """WatchMemories streams a scope's changes (add, update, delete, expire,
+        erase) in generation order, from a generation on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +274,26 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=memory_dot_v1_dot_memory__pb2.CallToolRequest.FromString,
                     response_serializer=memory_dot_v1_dot_memory__pb2.CallToolResponse.SerializeToString,
+            ),
+            'ForgetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetUser,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.ForgetUserRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.ForgetUserResponse.SerializeToString,
+            ),
+            'DeleteScope': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteScope,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.DeleteScopeRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.DeleteScopeResponse.SerializeToString,
+            ),
+            'ExportMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportMemories,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.ExportMemoriesRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.ExportMemoriesResponse.SerializeToString,
+            ),
+            'WatchMemories': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchMemories,
+                    request_deserializer=memory_dot_v1_dot_memory__pb2.WatchMemoriesRequest.FromString,
+                    response_serializer=memory_dot_v1_dot_memory__pb2.WatchMemoriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -493,6 +568,114 @@ class MemoryService:
             '/memory.v1.MemoryService/CallTool',
             memory_dot_v1_dot_memory__pb2.CallToolRequest.SerializeToString,
             memory_dot_v1_dot_memory__pb2.CallToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memory.v1.MemoryService/ForgetUser',
+            memory_dot_v1_dot_memory__pb2.ForgetUserRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.ForgetUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteScope(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memory.v1.MemoryService/DeleteScope',
+            memory_dot_v1_dot_memory__pb2.DeleteScopeRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.DeleteScopeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/memory.v1.MemoryService/ExportMemories',
+            memory_dot_v1_dot_memory__pb2.ExportMemoriesRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.ExportMemoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMemories(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/memory.v1.MemoryService/WatchMemories',
+            memory_dot_v1_dot_memory__pb2.WatchMemoriesRequest.SerializeToString,
+            memory_dot_v1_dot_memory__pb2.WatchMemoriesResponse.FromString,
             options,
             channel_credentials,
             insecure,
