@@ -27,6 +27,14 @@ class Record(NamedTuple):
     confidence: float
     created_at: int
     updated_at: int
+    # Microseconds like created_at; None: never expires (schema 7).
+    expires_at: int | None = None
+
+
+# Where a statement's `now` goes: rows with expires_at <= now are left out
+# (an expired entry is never read back). 0 keeps them all (every expiry is
+# after 1970).
+KEEP_EXPIRED = 0
 
 
 class Template:
@@ -66,7 +74,11 @@ class Statements:
             .limit(1),
             {**marks, "digest": "\x00digest", "content": "\x00content"},
         )
-        self.partition = Template(Row.select(*columns).where(scope).order_by(Row.seq), marks)
+        unexpired = Row.expires_at.is_null() | (Row.expires_at > -1_000_005)
+        self.partition = Template(
+            Row.select(*columns).where(scope & unexpired).order_by(Row.seq),
+            {**marks, "now": -1_000_005},
+        )
         self.by_id = Template(
             Row.select(*columns).where(Row.memory_id == "\x00id"), {"id": "\x00id"}
         )
@@ -81,6 +93,7 @@ class Statements:
             "confidence": -1.25,
             "created_at": -1_000_002,
             "updated_at": -1_000_003,
+            "expires_at": -1_000_006,
         }
         self.insert = Template(Row.insert(**values), values)
         changes = {
@@ -90,16 +103,19 @@ class Statements:
             "category": "\x00category",
             "confidence": -1.25,
             "updated_at": -1_000_003,
+            "expires_at": -1_000_006,
         }
         self.update = Template(
             Row.update(**changes).where(Row.seq == -1_000_004), {**changes, "seq": -1_000_004}
         )
         self.delete = Template(Row.delete().where(Row.seq == -1_000_004), {"seq": -1_000_004})
 
-    def by_seqs(self, owner: str, tier: str, seqs: Sequence[int]) -> tuple[str, list[object]]:
-        """One partition's rows with these seqs. Lists are padded (repeating
-        the last seq) to a power of two: few statement shapes, which the
-        driver's prepared-statement cache keeps."""
+    def by_seqs(
+        self, owner: str, tier: str, seqs: Sequence[int], now: int = KEEP_EXPIRED
+    ) -> tuple[str, list[object]]:
+        """One partition's rows with these seqs, but those expired by `now`.
+        Lists are padded (repeating the last seq) to a power of two: few
+        statement shapes, which the driver's prepared-statement cache keeps."""
         padded = 1 << max(len(seqs) - 1, 0).bit_length()
         seqs = [*seqs, *[seqs[-1]] * (padded - len(seqs))]
         template = self._by_seqs.get(len(seqs))
@@ -111,9 +127,10 @@ class Statements:
                     (Row.owner == "\x00owner")
                     & (Row.tier == "\x00tier")
                     & Row.seq.in_(list(marks.values()))
+                    & (Row.expires_at.is_null() | (Row.expires_at > -1_000_005))
                 ),
-                {"owner": "\x00owner", "tier": "\x00tier", **marks},
+                {"owner": "\x00owner", "tier": "\x00tier", "now": -1_000_005, **marks},
             )
             self._by_seqs[len(seqs)] = template
         values = {f"s{i}": seq for i, seq in enumerate(seqs)}
-        return template.sql, template.params(owner=owner, tier=tier, **values)
+        return template.sql, template.params(owner=owner, tier=tier, now=now, **values)

@@ -15,8 +15,8 @@ from peewee import fn
 
 from sidecar import _sqlite
 from sidecar._backend import Backend, PartitionState
-from sidecar._statements import Record, Statements, Template
-from sidecar.clock import from_micros
+from sidecar._statements import KEEP_EXPIRED, Record, Statements, Template
+from sidecar.clock import Clock, from_micros, system_clock, to_micros
 from sidecar.errors import AmbiguousMatch, NotFound
 from sidecar.memory import Memory, Scope, Tier, Usage, rendered_chars
 from sidecar.schema import _bind, _Key, _Row
@@ -34,23 +34,32 @@ class Tables:
     write inside the transaction that locked the partition's state row.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, clock: Clock = system_clock) -> None:
         self.backend = backend
+        self.clock = clock
         self.db = backend.db
         self.rows = _bind(_Row, self.db, "memories")
         self.keys = _bind(_Key, self.db, "idempotency_keys")
         self.sql = Statements(self.rows)
 
+    def now(self) -> int:
+        """The injected clock's time in microseconds: what has expired by now
+        is never read back."""
+        return to_micros(self.clock())
+
     def rows_of(self, template: Template, **values: object) -> list[Record]:
         cursor = self.db.execute_sql(template.sql, template.params(**values))
         return [Record(*row) for row in cursor.fetchall()]
 
-    def records_by_seq(self, owner: str, tier: Tier, seqs: Sequence[int]) -> list[Record]:
-        """The partition's rows with these seqs (those that exist), read
-        `_SEQ_BATCH` at a time."""
+    def records_by_seq(
+        self, owner: str, tier: Tier, seqs: Sequence[int], now: int = KEEP_EXPIRED
+    ) -> list[Record]:
+        """The partition's rows with these seqs (those that exist and have
+        not expired by `now`), read `_SEQ_BATCH` at a time."""
         records: list[Record] = []
         for start in range(0, len(seqs), _SEQ_BATCH):
-            sql, params = self.sql.by_seqs(owner, tier.value, seqs[start : start + _SEQ_BATCH])
+            batch = seqs[start : start + _SEQ_BATCH]
+            sql, params = self.sql.by_seqs(owner, tier.value, batch, now)
             records.extend(Record(*row) for row in self.db.execute_sql(sql, params).fetchall())
         return records
 
@@ -130,6 +139,8 @@ class Tables:
         query = (
             Row.select(*[getattr(Row, name) for name in Record._fields])
             .where((Row.owner == owner) & (Row.tier == tier.value) & (position > 0))
+            # An expired entry is never named by its text (the write sweeps it).
+            .where(Row.expires_at.is_null() | (Row.expires_at > self.now()))
             .order_by(Row.seq)
             # Enough to name the candidates and say whether there are more.
             .limit(AmbiguousMatch.SHOWN + 1)
@@ -159,6 +170,7 @@ class Tables:
         confidence: float,
         created_at: int,
         updated_at: int | None = None,
+        expires_at: int | None = None,
     ) -> Record:
         row = Record(
             0,
@@ -171,6 +183,7 @@ class Tables:
             float(confidence),
             created_at,
             created_at if updated_at is None else updated_at,
+            expires_at,
         )
         cursor = self.db.execute_sql(
             self.sql.insert.sql,
@@ -185,6 +198,7 @@ class Tables:
                 confidence=row.confidence,
                 created_at=row.created_at,
                 updated_at=row.updated_at,
+                expires_at=row.expires_at,
             ),
         )
         return row._replace(seq=self.backend.inserted_seq(cursor))
@@ -204,4 +218,5 @@ def to_memory(row: _Row | Record) -> Memory:
         created_at=from_micros(row.created_at),
         updated_at=from_micros(row.updated_at),
         seq=row.seq,
+        expires_at=None if row.expires_at is None else from_micros(row.expires_at),
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -246,6 +247,10 @@ class CompactPartition:
     ops: int = 0
     # Never any: findings are looked for in the entries a call returns.
     flagged: dict[str, str] = field(default_factory=dict, repr=False)
+    # Never stale by expiry (a Partition's `expires`): the entries it
+    # returns are read back, and an expired one is not; the sweep's
+    # removals reach it as deletes do.
+    expires = math.inf
 
     # --- building -----------------------------------------------------------
 
@@ -323,6 +328,25 @@ class CompactPartition:
     ) -> CompactPartition | None:
         """This partition with `target` replaced (or removed, with None)."""
         return self._appended(replacement, generation, usage, replaces=target)
+
+    def removed(
+        self, seqs: Sequence[int], generation: int, usage: Usage
+    ) -> CompactPartition | None:
+        """This partition without the entries of these seqs (the expiry
+        sweep's batch; None: it was not the newest, reload)."""
+        storage = self.storage
+        with storage.lock:
+            if not self._owns_end() or storage.removals > self.count:
+                return None
+            alive = storage.removed_at[: self.size] == ALIVE
+            found = np.flatnonzero(np.isin(storage.seq[: self.size], seqs) & alive)
+            storage.removed_at[found] = generation
+            storage.removals += len(found)
+            storage.generation = generation
+        return CompactPartition(
+            self.tier, self.owner, generation, usage, self.size, self.count - len(found),
+            storage, self.fetch_rows, ops=self.ops + 1,
+        )  # fmt: skip
 
     def _appended(
         self, memory: Memory | None, generation: int, usage: Usage, *, replaces: Memory | None

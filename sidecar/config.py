@@ -87,6 +87,10 @@ class AgentSettings:
     # of make bench).
     similar_writes: str = "report"
     similar_threshold: float = 0.64
+    # How long a new entry of each tier lives unless its AddMemory says
+    # (expires_at, ttl_seconds); 0: until deleted (sidecar.expiry).
+    memory_ttl_seconds: int = 0
+    user_ttl_seconds: int = 0
     # Resolved from the environment variable named by keyword_llm_api_key_env;
     # never read from the file, never printed.
     keyword_llm_api_key: str = field(default="", repr=False)
@@ -154,6 +158,11 @@ class ServerSettings:
     # prefixes, so changing one embeds every entry again.
     semantic_query_prefix: str = ""
     semantic_document_prefix: str = ""
+    # How often expired entries are removed (sidecar.expiry; 0: never, then
+    # only writes remove their own tier's), and at most how many per tier
+    # per transaction. An expired entry is invisible either way.
+    expiry_sweep_seconds: float = 30.0
+    expiry_sweep_batch: int = 500
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).

@@ -40,6 +40,7 @@ from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
+from sidecar.expiry import Expiry
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
@@ -133,6 +134,7 @@ class MemoryEngine:
         )
         # Without a feed this engine assumes it is the database's only writer.
         self.feed = self.partitions.feed
+        self.expiry = Expiry(config, store, self.partitions, batch=config.server.expiry_sweep_batch)
         self._snapshots = Snapshots(self.partitions, self.tokens)
         self._queries = Queries(self._metrics, self.semantic)
         self._turns = Turns(self._queries, self.tokens)
@@ -202,6 +204,7 @@ class MemoryEngine:
         *,
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
+        expires_at: int | None = None,
     ) -> Added:
         settings = self.settings(scope)
         self._screen(settings, "content", content)
@@ -229,6 +232,7 @@ class MemoryEngine:
                 idempotency_key=idempotency_key,
                 still_wanted=still_wanted,
                 vector=stored,
+                expires_at=expires_at,
             )
             self.partitions.added(key, written)
             if self.semantic is not None:
@@ -248,9 +252,11 @@ class MemoryEngine:
         still_wanted: Wanted | None = None,
         match: str = "",
         tier: Tier = Tier.MEMORY,
+        expiry: tuple[int | None, bool] = (None, False),
     ) -> tuple[Memory, Usage]:
         """Change the entry named by `memory_id`, or (with `match`, and
-        memory_id "") the one entry of `tier` whose content holds `match`."""
+        memory_id "") the one entry of `tier` whose content holds `match`
+        (`expiry`: Expiry.for_update's)."""
         settings = self.settings(scope)
         if content is not None:
             self._screen(settings, "content", content)
@@ -270,6 +276,8 @@ class MemoryEngine:
                 vector=stored,
                 match=match,
                 tier=tier,
+                expires_at=expiry[0],
+                clear_expiry=expiry[1],
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
@@ -322,8 +330,12 @@ class MemoryEngine:
         *,
         after_seq: int = 0,
         limit: int | None = None,
+        include_expired: bool = False,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
-        return self._store.list_memories(scope, tiers, category, after_seq=after_seq, limit=limit)
+        return self._store.list_memories(
+            scope, tiers, category, after_seq=after_seq, limit=limit,
+            include_expired=include_expired,
+        )  # fmt: skip
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         """The tiers' usage now, as the scope sees them."""
@@ -385,6 +397,7 @@ class MemoryEngine:
             view is not None
             and (view.scope is None or view.scope == scope)
             and (frozen or all(fresh))
+            and not self._snapshots.expired(view)
         )
         if not hit:
             epoch, compacted = session.epoch, session.compacted

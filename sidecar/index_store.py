@@ -53,16 +53,16 @@ class IndexStore:
         one snapshot, without holding every row (or a Memory per row) at once."""
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
-            params = self._tables.sql.partition.params(owner=owner, tier=tier.value)
+            now = self._tables.now()
+            params = self._tables.sql.partition.params(owner=owner, tier=tier.value, now=now)
             chars = count = 0
             for rows in self._backend.batches(self._tables.sql.partition.sql, params, batch):
                 records = [Record(*row) for row in rows]
                 chars += sum(r.content_chars for r in records)
                 count += len(records)
                 consume(records)
-        if state is None:
-            return Usage(rendered_chars(chars, count), count), 0
-        return usage_of(state), state.generation
+        # Counted from the rows read: expired rows not yet swept weigh nothing.
+        return Usage(rendered_chars(chars, count), count), state.generation if state else 0
 
     def source(self, tier: Tier, owner: str) -> IndexSource:
         """What loading a partition from its persisted compact index needs,
@@ -73,7 +73,8 @@ class IndexStore:
                 return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0, 0)
             data = self._backend.read_index(owner, tier.value, state.indexed)
             seqs, logged = self._backend.changes_since(owner, tier.value, state.indexed)
-            changed = self._tables.records_by_seq(owner, tier, seqs)
+            # An entry expired since counts as removed.
+            changed = self._tables.records_by_seq(owner, tier, seqs, self._tables.now())
         present = {r.seq for r in changed}
         removed = [s for s in seqs if s not in present]
         usage = usage_of(state)

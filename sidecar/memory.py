@@ -57,6 +57,8 @@ class Memory:
     updated_at: datetime
     # Insertion order across the whole store: the tie-breaker everywhere.
     seq: int = 0
+    # When it expires (never: None); an expired entry is never read back.
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ and knows nothing of gRPC.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +58,11 @@ def term_weights(memory: Memory) -> TermWeights:
     counts.update(date_terms(memory.created_at))
     norm = K1 * (1 - B + B * sum(counts.values()) / REFERENCE_LENGTH)
     return tuple((term, tf * (K1 + 1) / (tf + norm)) for term, tf in counts.items())
+
+
+def earliest_expiry(memories: Sequence[Memory]) -> float:
+    """When the first of these entries expires (a POSIX time; inf: never)."""
+    return min((m.expires_at.timestamp() for m in memories if m.expires_at), default=math.inf)
 
 
 T = TypeVar("T")
@@ -224,6 +230,9 @@ class Partition(Listed):
     npostings: int = field(default=0, repr=False)
     # Where the columns above live, when appends may share it (see Column).
     lineage: _Lineage | None = field(default=None, repr=False)
+    # When its first entry expires (a POSIX time; inf: none will): it is
+    # then no longer current (sidecar.partitions) and loads without it.
+    expires: float = field(default=math.inf, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -295,6 +304,7 @@ class Partition(Listed):
             {m.id: f for m, f in zip(memories, findings, strict=True) if f},
             sum(len(indices) for indices, _ in postings.values()),
             lineage,
+            earliest_expiry(memories),
         )
 
     def added(
@@ -339,6 +349,7 @@ class Partition(Listed):
             {**self.flagged, memory.id: finding} if finding else self.flagged,
             self.npostings + len(weights),
             lineage,
+            min(self.expires, earliest_expiry([memory])),
         )
 
     def changed(
@@ -415,6 +426,7 @@ class Partition(Listed):
             flagged,
             npostings,
             lineage,
+            earliest_expiry(memories),
         )
 
     def by_confidence(self) -> IntArray:

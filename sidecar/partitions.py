@@ -13,7 +13,11 @@ process learns them from its own writes, after the commit and before the
 acknowledgement (`written`), and from the change feed (sidecar.changes) for
 writes made by other processes: other replicas, `import`, `import-cagent`.
 While the feed is unverified (its listener lost, its poller failing),
-callers `verify` the partitions they use against the database first.
+callers `verify` the partitions they use against the database first. A
+partition held in full is also stale once its first entry expires (by the
+store's clock: no write, no query), and loads without it; a compact one
+never is, since the entries it returns are read back and an expired one is
+not.
 
 Locks: a partition stripe (64 of them, by key) is held by a load and by a
 write of this process to that partition, so the two never interleave: the
@@ -29,6 +33,7 @@ ranking; the database only through the store.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -39,6 +44,7 @@ from sidecar._caches import LRU, Generations
 from sidecar.changes import ChangeFeed
 from sidecar.compact import CompactPartition
 from sidecar.config import Config
+from sidecar.expiry_store import Swept
 from sidecar.indexer import Indexer
 from sidecar.memory import Memory, Tier
 from sidecar.metrics import Metrics
@@ -66,6 +72,8 @@ class Partitions:
         changes: bool = False,
     ) -> None:
         self._store = store
+        # The wall clock expiry is judged by (the store's, injected).
+        self.clock = store.clock
         self._metrics = metrics
         self._tokens = tokens
         self._threshold = config.server.compact_tier_entries
@@ -135,7 +143,9 @@ class Partitions:
         # trusted (news of other processes' writes to it was not kept).
         key = (partition.tier, partition.owner if owner is None else owner)
         newest = self.generations.current(key)
-        return newest is not None and partition.generation >= newest
+        if newest is None or partition.generation < newest:
+            return False
+        return partition.expires == math.inf or partition.expires > self.clock().timestamp()
 
     # --- loading --------------------------------------------------------------
 
@@ -238,6 +248,10 @@ class Partitions:
             return
         cached = self._cache.get(key)
         self.generations.observe(key, written.generation)
+        if cached is not None and written.expired:
+            # The write first removed expired entries: a compact partition
+            # takes them out as the sweep's (a full one reloads without them).
+            cached = self._without(key, cached, written.expired, written.previous)
         if cached is not None and cached.generation == written.previous:
             # StopIteration or None: the entry was not in the cached
             # partition, or it was not the newest of its storage; it reloads.
@@ -251,6 +265,33 @@ class Partitions:
                     self._cache.put(key, changed)
                     self.indexer.maybe_index(key, changed)
         self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def swept(self, key: PartitionKey, swept: Swept) -> None:
+        """The expiry sweep removed some of the partition's entries (under
+        `writing`): a cached compact partition takes them out, as deletes
+        (a million entries are not read again for one expiry); a full one
+        reloads at its next use."""
+        if swept.generation == swept.previous:
+            return
+        cached = self._cache.get(key)
+        self.generations.observe(key, swept.generation)
+        if isinstance(cached, CompactPartition) and cached.generation == swept.previous:
+            changed = cached.removed([r.seq for r in swept.removed], swept.generation, swept.usage)
+            if changed is not None:
+                self._cache.put(key, changed)
+                self.indexer.maybe_index(key, changed)
+        self._metrics.snapshot_invalidations.labels("expiry").inc()
+
+    def _without(
+        self, key: PartitionKey, cached: AnyPartition, seqs: tuple[int, ...], previous: int
+    ) -> AnyPartition | None:
+        """The cached partition without these expired entries, as of the
+        write's previous generation (so the write applies on top), or None."""
+        if not isinstance(cached, CompactPartition) or cached.generation != previous:
+            return None
+        # Tombstones at `previous`: this partition and the write's own see
+        # them gone; no older partition is handed out any more.
+        return cached.removed(seqs, previous, cached.usage)
 
     def _outgrown(self, partition: AnyPartition) -> bool:
         """Whether a partition held in full has reached compact_tier_entries."""

@@ -39,6 +39,8 @@ class _Row(peewee.Model):
     confidence = peewee.FloatField(default=1.0)
     created_at = peewee.BigIntegerField()
     updated_at = peewee.BigIntegerField()
+    # Schema 7: when the entry expires (microseconds), NULL for never.
+    expires_at = peewee.BigIntegerField(null=True)
 
 
 class _Key(peewee.Model):

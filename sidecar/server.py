@@ -254,6 +254,17 @@ class Sidecar:
         self._metrics_server: Any = None
         self._stopped = threading.Event()
         self._janitor = threading.Thread(target=self._sweep, name="janitor", daemon=True)
+        self._expiry = threading.Thread(target=self._expire, name="expiry", daemon=True)
+
+    def _expire(self) -> None:
+        """Remove expired entries now and then (sidecar.expiry)."""
+        interval = self.config.server.expiry_sweep_seconds
+        while not self._stopped.wait(interval):
+            try:
+                self.engine.expiry.run_once()
+            except Exception:
+                # Expired entries stay invisible meanwhile; keep sweeping.
+                log.exception("expiry sweep failed; trying again in %.1f s", interval)
 
     def _sweep(self) -> None:
         """Evict idle sessions now and then (turns also evict as they go)."""
@@ -332,6 +343,8 @@ class Sidecar:
                 self._close_listeners()
                 raise
         self._janitor.start()
+        if server.expiry_sweep_seconds:
+            self._expiry.start()
         if self.engine.semantic is not None:
             self.engine.semantic.start()  # embeds entries stored without a vector
         for service in ("", SERVICE_NAME):
@@ -358,6 +371,8 @@ class Sidecar:
         if self._mcp is not None:
             self._mcp.stop(grace)
         api_stopped.wait()
+        if self._expiry.is_alive():
+            self._expiry.join()  # a sweep batch is one short transaction
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,6 +29,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config import AgentSettings
 from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
+from sidecar.expiry import Requested
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
 from sidecar.tools import Tools, arguments_of
@@ -82,7 +84,24 @@ def memory_pb(memory: Memory) -> pb.Memory:
         confidence=memory.confidence,
         created_at=_timestamp(memory.created_at),
         updated_at=_timestamp(memory.updated_at),
+        expires_at=_timestamp(memory.expires_at) if memory.expires_at else None,
     )
+
+
+def requested_expiry(request: pb.AddMemoryRequest | pb.UpdateMemoryRequest) -> Requested:
+    """The expiry fields a write sets (sidecar.expiry checks them)."""
+    at = None
+    if request.HasField("expires_at"):
+        try:
+            at = request.expires_at.ToDatetime(tzinfo=UTC)
+        except (ValueError, OverflowError):
+            raise InvalidArgument(
+                "expires_at is not a valid timestamp",
+                reason="EXPIRES_AT_INVALID",
+                metadata={"field": "expires_at"},
+            ) from None
+    clear = isinstance(request, pb.UpdateMemoryRequest) and request.clear_expiry
+    return Requested(at, request.ttl_seconds, clear)
 
 
 def usage_pb(tier: Tier, usage: Usage, settings: AgentSettings) -> pb.TierUsage:
@@ -218,6 +237,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             confidence,
             idempotency_key=key,
             still_wanted=_still_wanted(context),
+            expires_at=self._engine.expiry.for_add(scope, tier, requested_expiry(request)),
         )
         return pb.AddMemoryResponse(
             memory=memory_pb(added.memory),
@@ -247,6 +267,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             still_wanted=_still_wanted(context),
             match=match,
             tier=tier,
+            expiry=self._engine.expiry.for_update(requested_expiry(request)),
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
@@ -275,8 +296,9 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         after = paging.decode(request.page_token, "list", bound_to)
         # One more than the page holds: whether another page follows.
         memories, usage = self._engine.list_memories(
-            scope, tiers, category, after_seq=after, limit=size + 1
-        )
+            scope, tiers, category, after_seq=after, limit=size + 1,
+            include_expired=request.include_expired,
+        )  # fmt: skip
         settings = self._engine.settings(scope)
         response = pb.GetMemoriesResponse(
             usage=[usage_pb(tier, usage[tier], settings) for tier in tiers]

@@ -68,6 +68,13 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "semantic_min_similarity": _between(-1, 1),
     "similar_writes": _one_of("allow", "report", "refuse"),
     "similar_threshold": _between(0, 1),
+    # 100 years at most, as expiry.MAX_TTL_SECONDS.
+    "memory_ttl_seconds": _between(0, 3_153_600_000),
+    "user_ttl_seconds": _between(0, 3_153_600_000),
+    "expiry_sweep_seconds": lambda v: (
+        None if v == 0 or 0.05 <= v <= 86_400 else "must be 0 (off) or between 0.05 and 86400"
+    ),
+    "expiry_sweep_batch": _between(1, 100_000),
     "semantic_encoder": _one_of("off", "local", "endpoint"),
     "semantic_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"

@@ -20,6 +20,7 @@ sessions (the engine attaches views to them), the turn block, the store.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import weakref
 from collections.abc import Iterator
@@ -56,6 +57,9 @@ class View:
     # The same entries' seqs: ranking leaves them out before reading any.
     shown_seqs: frozenset[int]
     system_tokens: int
+    # When the first entry it shows expires (a POSIX time; inf: none will):
+    # it is then stale, even when frozen until compaction (Snapshots.expired).
+    expires: float = math.inf
 
     @property
     def content_key(self) -> tuple[object, ...]:
@@ -114,8 +118,13 @@ class Snapshots:
         fresh = [is_fresh(p, scope.owner(p.tier)) for p in view.partitions]
         return fresh if all(fresh) else [False] * len(fresh)
 
+    def expired(self, view: View) -> bool:
+        """Whether an entry the view shows has expired: by the clock alone,
+        so every replica sees it with no write and no query."""
+        return view.expires != math.inf and view.expires <= self._partitions.clock().timestamp()
+
     def _is_current(self, view: View) -> bool:
-        return all(self._partitions.is_fresh(p) for p in view.partitions)
+        return not self.expired(view) and all(self._partitions.is_fresh(p) for p in view.partitions)
 
     def get(self, scope: Scope, settings: AgentSettings, *, force: bool) -> View:
         """The scope's current snapshot; built once however many callers ask."""
@@ -185,6 +194,7 @@ class Snapshots:
                 )
         text = blocks.system_block(parts)
         shown_seqs = frozenset(m.seq for part in parts if part for m in part.shown)
+        expires = [m.expires_at.timestamp() for p in parts if p for m in p.shown if m.expires_at]
         return View(
             scope=scope,
             partitions=partitions,
@@ -194,6 +204,7 @@ class Snapshots:
             shown_ids=tuple(m.id for part in parts if part for m in part.shown),
             shown_seqs=shown_seqs or _NO_SEQS,
             system_tokens=count(text),
+            expires=min(expires, default=math.inf),
         )
 
     def _compact_block(

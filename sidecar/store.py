@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from peewee import fn
 
 from sidecar import _sqlite, schema
-from sidecar._backend import Backend, FeedSettings, StatementSpan
+from sidecar._backend import Backend, FeedSettings, PartitionState, StatementSpan
 from sidecar._statements import Record
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
@@ -38,6 +38,7 @@ from sidecar.errors import (
     FailedPrecondition,
     InvalidArgument,
 )
+from sidecar.expiry_store import Expired, ExpiryStore, advance, purge, purge_edited
 from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.schema import _Row
@@ -65,6 +66,8 @@ class Written(NamedTuple):
     created: bool
     previous: int
     generation: int
+    # Seqs of the partition's expired entries the write removed first.
+    expired: tuple[int, ...] = ()
 
 
 class Loaded(NamedTuple):
@@ -101,7 +104,7 @@ class Store:
         clock: Clock = system_clock,
         on_query: Callable[[str, float], None] | None = None,
     ) -> None:
-        self._clock = clock
+        self._clock = self.clock = clock  # "now" for expiry here and in the caches above
         self._backend: Backend
         if is_dsn(db):
             from sidecar._postgres import PostgresBackend  # needs the postgres extra
@@ -125,8 +128,9 @@ class Store:
         self._db = self._backend.db
         # The handle the storage modules share, and the concerns beside the
         # rows that have a module each (sidecar.archive reaches `tables`).
-        self.tables = Tables(self._backend)
+        self.tables = Tables(self._backend, clock)
         self.indexes = IndexStore(self.tables)
+        self.expiry = ExpiryStore(self.tables)
         self.vectors = VectorStore(self.tables)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
@@ -215,8 +219,10 @@ class Store:
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
+        expires_at: int | None = None,
     ) -> Written:
-        """Store an entry; say what was stored and whether it is new.
+        """Store an entry (`expires_at`: microseconds, None never); say
+        what was stored and whether it is new.
 
         Content identical to an entry of the same scope and tier returns that
         entry unchanged (created = False), and so does a retry carrying the
@@ -225,25 +231,25 @@ class Store:
         _require_enabled(tier, policy)
         owner = scope.owner(tier)
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            state = self._backend.lock_partition(owner, tier.value)
+            locked = self._backend.lock_partition(owner, tier.value)
             _require_caller(still_wanted)
-            usage = usage_of(state)
             now = to_micros(self._clock())
+            state, expired = purge(self.tables, owner, tier, locked, now)
+            usage = usage_of(state)
             if idempotency_key:
                 earlier = self._replay(owner, tier, idempotency_key, content, now)
                 if earlier is not None:
-                    unchanged = state.generation
-                    return Written(to_memory(earlier), usage, False, unchanged, unchanged)
+                    return _unchanged(self.tables, earlier, locked, state, expired, now)
             existing = self.tables.identical(owner, tier, content)
             if existing is not None:
                 self._remember(owner, tier, idempotency_key, existing.memory_id, content, now)
-                unchanged = state.generation
-                return Written(to_memory(existing), usage, False, unchanged, unchanged)
+                return _unchanged(self.tables, existing, locked, state, expired, now)
             added = len(content) + (SEPARATOR_CHARS if state.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
             row = self.tables.insert(
-                str(uuid.uuid4()), owner, tier, content, category, confidence, now
-            )
+                str(uuid.uuid4()), owner, tier, content, category, confidence, now,
+                expires_at=expires_at,
+            )  # fmt: skip
             if vector is not None:
                 digest = _sqlite.content_digest(content)
                 self._backend.put_vector(row.seq, vector.model, digest, vector.data)
@@ -252,9 +258,9 @@ class Store:
                 content_chars=state.content_chars + len(content),
                 entry_count=state.entry_count + 1,
             )
-            generation = self.tables.advance(owner, tier, after, [row.seq])
+            generation = advance(self.tables, owner, tier, after, expired, row.seq, now)
             self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
-            return Written(to_memory(row), usage_of(after), True, state.generation, generation)
+            return _done(row, after, True, locked, generation, expired)
 
     def update(
         self,
@@ -269,18 +275,23 @@ class Store:
         vector: Vector | None = None,
         match: str = "",
         tier: Tier = Tier.MEMORY,
+        expires_at: int | None = None,
+        clear_expiry: bool = False,
     ) -> Written:
         """Change the given fields of an entry of this scope, named by id or
         by `match` in `tier` (see Tables.edited) (`vector`: the new
-        content's embedding, stored if the content changes).
+        content's embedding, stored if the content changes; `expires_at`:
+        a new expiry, `clear_expiry`: none).
 
         Content identical to another entry of the same tier is refused
         (ALREADY_EXISTS, naming that entry): two entries never say the same.
         """
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            row, state = self.tables.edited(scope, memory_id, match, tier)
+            row, locked = self.tables.edited(scope, memory_id, match, tier)
             _require_caller(still_wanted)
             tier = Tier(row.tier)
+            now = to_micros(self._clock())
+            state, expired = purge_edited(self.tables, row, locked, now)
             policy = policies[tier]
             _require_enabled(tier, policy)
             usage = usage_of(state)
@@ -308,7 +319,9 @@ class Store:
                 row = row._replace(category=category)
             if confidence is not None:
                 row = row._replace(confidence=float(confidence))
-            row = row._replace(updated_at=to_micros(self._clock()))
+            if expires_at is not None or clear_expiry:
+                row = row._replace(expires_at=expires_at)
+            row = row._replace(updated_at=now)
             self._db.execute_sql(
                 self.tables.sql.update.sql,
                 self.tables.sql.update.params(
@@ -318,12 +331,13 @@ class Store:
                     category=row.category,
                     confidence=row.confidence,
                     updated_at=row.updated_at,
+                    expires_at=row.expires_at,
                     seq=row.seq,
                 ),
             )
-            generation = self.tables.advance(row.owner, tier, after, [row.seq])
+            generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
-            return Written(to_memory(row), usage_of(after), False, state.generation, generation)
+            return _done(row, after, False, locked, generation, expired)
 
     def delete(
         self,
@@ -337,8 +351,10 @@ class Store:
         """Remove an entry of this scope, named by id or by `match` in
         `tier`, as update does; the memory is as it was."""
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            row, state = self.tables.edited(scope, memory_id, match, tier)
+            row, locked = self.tables.edited(scope, memory_id, match, tier)
             _require_caller(still_wanted)
+            now = to_micros(self._clock())
+            state, expired = purge_edited(self.tables, row, locked, now)
             self._db.execute_sql(
                 self.tables.sql.delete.sql, self.tables.sql.delete.params(seq=row.seq)
             )
@@ -347,10 +363,9 @@ class Store:
                 entry_count=state.entry_count - 1,
             )
             tier = Tier(row.tier)
-            generation = self.tables.advance(row.owner, tier, after, [row.seq])
-            now = to_micros(self._clock())
+            generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "delete", row.memory_id, now)
-            return Written(to_memory(row), usage_of(after), False, state.generation, generation)
+            return _done(row, after, False, locked, generation, expired)
 
     # --- reads --------------------------------------------------------------
 
@@ -362,15 +377,19 @@ class Store:
         *,
         after_seq: int = 0,
         limit: int | None = None,
+        include_expired: bool = False,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
         """Entries of the given tiers in insertion order, and each tier's usage:
-        the first `limit` entries after `after_seq` (a page), or all of them.
+        the first `limit` entries after `after_seq` (a page), or all of them;
+        those expired and not yet swept only with `include_expired`.
 
         One read transaction, so the list and the usage agree.
         """
         Row = self.tables.rows
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             query = Row.select().where(_scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
+            if not include_expired:
+                query = query.where(Row.expires_at.is_null() | (Row.expires_at > self.tables.now()))
             if category:
                 query = query.where(Row.category == category)
             query = query.order_by(Row.seq)
@@ -384,12 +403,14 @@ class Store:
         """One owner's entries of one tier in insertion order, their usage and
         the partition's generation, all as of one snapshot."""
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
-            rows = self.tables.rows_of(self.tables.sql.partition, owner=owner, tier=tier.value)
+            partition = self.tables.sql.partition
+            now = self.tables.now()
+            rows = self.tables.rows_of(partition, owner=owner, tier=tier.value, now=now)
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
         memories = [to_memory(row) for row in rows]
-        if state is None:
-            return Loaded(memories, Usage.of(row.content_chars for row in rows), 0)
-        return Loaded(memories, usage_of(state), state.generation)
+        # Counted from the rows read: expired rows not yet swept weigh nothing.
+        usage = Usage.of(row.content_chars for row in rows)
+        return Loaded(memories, usage, 0 if state is None else state.generation)
 
     def tier_state(self, tier: Tier, owner: str) -> tuple[int, bool]:
         """How many entries the partition holds, and whether its changes are
@@ -404,7 +425,8 @@ class Store:
         if not seqs:
             return []
         with self._guard(), self._db.connection_context():
-            found = {r.seq: to_memory(r) for r in self.tables.records_by_seq(owner, tier, seqs)}
+            records = self.tables.records_by_seq(owner, tier, seqs, self.tables.now())
+            found = {r.seq: to_memory(r) for r in records}
         return [found[s] for s in seqs if s in found]
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
@@ -416,6 +438,7 @@ class Store:
     def _usages(self, scope: Scope, tiers: Collection[Tier]) -> dict[Tier, Usage]:
         keys = {tier: (scope.owner(tier), tier.value) for tier in tiers}
         states = self._backend.states(keys.values())
+        states = self.expiry.discounted(states, self.tables.now())
         return {
             tier: usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
         }
@@ -457,6 +480,36 @@ class Store:
                 content_sha256=_sqlite.content_digest(content),
                 created_at=now,
             )
+
+
+def _done(
+    row: _Row | Record,
+    after: PartitionState,
+    created: bool,
+    locked: PartitionState,
+    generation: int,
+    expired: Sequence[Expired],
+) -> Written:
+    """What a write did, its partition locked at `locked` and written at
+    `generation` (after removing `expired`)."""
+    seqs = tuple(gone.seq for gone in expired)
+    return Written(to_memory(row), usage_of(after), created, locked.generation, generation, seqs)
+
+
+def _unchanged(
+    tables: Tables,
+    row: _Row | Record,
+    locked: PartitionState,
+    state: PartitionState,
+    expired: list[Expired],
+    now: int,
+) -> Written:
+    """An add that stored nothing new: the partition still advances if it
+    removed expired rows first."""
+    generation = locked.generation
+    if expired:
+        generation = advance(tables, row.owner, Tier(row.tier), state, expired, None, now)
+    return _done(row, state, False, locked, generation, expired)
 
 
 def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:

@@ -1,0 +1,178 @@
+"""Expiry in the database: removing a partition's expired rows inside a
+write transaction, the sweep's batches, and what expired rows still weigh
+until they are removed.
+
+Reached as `store.expiry`; every write of the store also calls `purge` on
+its own partition, after locking its state row and before its budget check,
+so an expired entry never counts against a budget a write is checked
+against. Expired rows are found through the partial index
+idx_memories_expiry (schema 7), which holds only rows with an expiry: a
+database where nothing expires pays one empty index probe per write.
+
+One of the storage modules, the only code that touches SQL (see
+sidecar.store). Like the store's, the sweep opens a pooled connection for
+its own duration and locks the partition's state row.
+
+Owns: purge and advance (inside a write), ExpiryStore (the sweep's batches, the
+partitions with expired rows, the usage expired rows hold). Must not touch:
+caches, partitions or the change feed (sidecar.expiry updates them), the
+engine, configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from sidecar._backend import PartitionState
+from sidecar._statements import Record
+from sidecar._tables import Tables, usage_of
+from sidecar.errors import NotFound
+from sidecar.memory import Tier, Usage
+
+_COLUMNS = "seq, id, content_chars"
+
+
+class Expired(NamedTuple):
+    """An expired row as the sweep removes it."""
+
+    seq: int
+    memory_id: str
+    content_chars: int
+
+
+class Swept(NamedTuple):
+    """One sweep batch of one partition: the rows removed, the partition's
+    usage after, and its generations before and after (equal: nothing was
+    removed)."""
+
+    removed: tuple[Expired, ...]
+    usage: Usage
+    previous: int
+    generation: int
+
+
+def purge(
+    tables: Tables,
+    owner: str,
+    tier: Tier,
+    state: PartitionState,
+    now: int,
+    limit: int | None = None,
+) -> tuple[PartitionState, list[Expired]]:
+    """Delete the partition's rows expired by `now` (at most `limit`) and
+    return its state without them, and what was deleted. Inside the write
+    transaction that locked the state row; the caller advances the
+    generation with the removed seqs and logs them (`logged`)."""
+    db, p = tables.db, tables.db.param
+    sql = (
+        f"SELECT {_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at <= {p}"
+        f" AND owner = {p} AND tier = {p} ORDER BY expires_at, seq"
+    )
+    params: list[object] = [now, owner, tier.value]
+    if limit is not None:
+        sql += f" LIMIT {p}"
+        params.append(limit)
+    found = [Expired(int(s), str(i), int(c)) for s, i, c in db.execute_sql(sql, params).fetchall()]
+    if not found:
+        return state, found
+    for start in range(0, len(found), 500):
+        seqs = [row.seq for row in found[start : start + 500]]
+        marks = ", ".join([p] * len(seqs))
+        db.execute_sql(f"DELETE FROM memories WHERE seq IN ({marks})", seqs)
+    after = state._replace(
+        content_chars=state.content_chars - sum(row.content_chars for row in found),
+        entry_count=state.entry_count - len(found),
+    )
+    return after, found
+
+
+def purge_edited(
+    tables: Tables, row: Record, locked: PartitionState, now: int
+) -> tuple[PartitionState, list[Expired]]:
+    """purge, for a write that edits `row`: an expired entry itself cannot
+    be edited (it is gone: NOT_FOUND, reason EXPIRED)."""
+    state, expired = purge(tables, row.owner, Tier(row.tier), locked, now)
+    if any(gone.seq == row.seq for gone in expired):
+        raise NotFound(
+            f"the memory with id {row.memory_id!r} has expired",
+            reason="EXPIRED",
+            metadata={"id": row.memory_id},
+        )
+    return state, expired
+
+
+def advance(
+    tables: Tables,
+    owner: str,
+    tier: Tier,
+    after: PartitionState,
+    expired: Sequence[Expired],
+    seq: int | None,
+    now: int,
+) -> int:
+    """Advance the partition past a write that first removed `expired`:
+    their seqs go with the written `seq` (if any) to the change log, and
+    each gets an `expire` event (WatchMemories). Return the generation."""
+    seqs = [gone.seq for gone in expired] + ([] if seq is None else [seq])
+    generation = tables.advance(owner, tier, after, seqs)
+    for gone in expired:
+        tables.logged(owner, tier, generation, "expire", gone.memory_id, now)
+    return generation
+
+
+class ExpiryStore:
+    """The expiry sweep's storage half, over one store's tables."""
+
+    def __init__(self, tables: Tables) -> None:
+        self._tables = tables
+        self._backend = tables.backend
+        self._db = tables.db
+
+    def due(self, now: int, limit: int) -> list[tuple[Tier, str]]:
+        """Partitions holding rows expired by `now`, from the first `limit`
+        such rows (the earliest expired first)."""
+        p = self._db.param
+        sql = (
+            "SELECT tier, owner FROM memories WHERE expires_at IS NOT NULL"
+            f" AND expires_at <= {p} ORDER BY expires_at LIMIT {p}"
+        )
+        with self._backend.guard(), self._db.connection_context():
+            rows = self._db.execute_sql(sql, (now, limit)).fetchall()
+        return list(dict.fromkeys((Tier(tier), str(owner)) for tier, owner in rows))
+
+    def sweep(self, tier: Tier, owner: str, now: int, limit: int) -> Swept:
+        """Remove up to `limit` of the partition's expired rows in one write
+        transaction: lock its state row, delete, store its new totals and
+        generation (with the seqs, so a compact tier's change log has them)
+        and log an `expire` event per entry."""
+        tables = self._tables
+        backend = self._backend
+        with backend.guard(), self._db.connection_context(), backend.write_transaction():
+            state = backend.lock_partition(owner, tier.value)
+            after, removed = purge(tables, owner, tier, state, now, limit)
+            if not removed:
+                return Swept((), usage_of(state), state.generation, state.generation)
+            generation = advance(tables, owner, tier, after, removed, None, now)
+        return Swept(tuple(removed), usage_of(after), state.generation, generation)
+
+    def discounted(
+        self, states: Mapping[tuple[str, str], PartitionState], now: int
+    ) -> dict[tuple[str, str], PartitionState]:
+        """The (owner, tier) partitions' states without their rows expired
+        by `now` and not yet removed: those weigh nothing in usage. Call
+        inside a connection."""
+        p = self._db.param
+        sql = (
+            "SELECT COALESCE(SUM(content_chars), 0), COUNT(*) FROM memories"
+            f" WHERE expires_at IS NOT NULL AND expires_at <= {p} AND owner = {p} AND tier = {p}"
+        )
+        found = dict(states)
+        for (owner, tier), state in states.items():
+            chars, count = self._db.execute_sql(sql, (now, owner, tier)).fetchone()
+            if count:
+                found[(owner, tier)] = state._replace(
+                    content_chars=state.content_chars - int(chars),
+                    entry_count=state.entry_count - int(count),
+                )
+        return found
