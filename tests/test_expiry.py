@@ -1,0 +1,339 @@
+"""Expiry: an entry given expires_at or ttl_seconds (or its agent's default
+TTL) is never injected, searched or listed once it expires, weighs nothing
+in its tier's budget, and is removed by the sweep in bounded batches.
+
+A contract suite over real daemons on both backends. Entries expire by the
+wall clock: the tests give them a TTL of a second or two and wait for it
+(a wait for an event, not a timing claim: nothing asserts how long anything
+took).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.compact import CompactPartition
+from sidecar.memory import Tier
+from tests.conftest import MakeSidecar, Running, error_info, refused
+
+pytestmark = pytest.mark.contract
+
+SCOPE = pb.Scope(agent_id="coder", user_id="ada")
+# No background sweep unless a test asks: what is shown must follow the
+# clock alone, with no write and no removal.
+NO_SWEEP = {"expiry_sweep_seconds": 0}
+TTL = 2
+
+
+def wait_past(response: pb.AddMemoryResponse | pb.UpdateMemoryResponse) -> None:
+    """Sleep until the entry's expires_at has passed."""
+    expires = response.memory.expires_at.ToDatetime(tzinfo=UTC)
+    while datetime.now(UTC) <= expires:
+        time.sleep(0.05)
+
+
+def events(running: Running, kind: str) -> list[tuple[int, str]]:
+    """(generation, memory id) of the logged events of this kind."""
+    db = running.store.tables.db
+    with db.connection_context():
+        rows = db.execute_sql(
+            f"SELECT generation, memory_id FROM memory_events WHERE kind = {db.param}"
+            " ORDER BY generation",
+            (kind,),
+        ).fetchall()
+    return [(int(g), str(m)) for g, m in rows]
+
+
+def row_count(running: Running) -> int:
+    db = running.store.tables.db
+    with db.connection_context():
+        return int(db.execute_sql("SELECT COUNT(*) FROM memories").fetchone()[0])
+
+
+def contents(response: pb.GetMemoriesResponse) -> list[str]:
+    return [m.content for m in response.memories]
+
+
+@pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
+def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
+    make_sidecar: MakeSidecar, refresh: str
+) -> None:
+    sidecar = make_sidecar(f"defaults: {{snapshot_refresh: {refresh}}}", **NO_SWEEP)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
+    sidecar.add("The repo uses uv", scope=SCOPE)
+    first = sidecar.turn("s", "cluster", scope=SCOPE)
+    assert "staging cluster" in first.system_block
+    assert brief.memory.id in first.system_block_memory_ids
+    assert sidecar.turn("s", scope=SCOPE).cache_hit
+
+    wait_past(brief)
+    after = sidecar.turn("s", "cluster", scope=SCOPE)
+    assert "staging cluster" not in after.system_block + after.turn_context
+    assert "uses uv" in after.system_block
+    assert not after.cache_hit
+    # The header's usage no longer counts it either.
+    assert after.usage[0].entry_count == 1
+
+
+def test_an_expired_entry_leaves_the_turn_block(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar("defaults: {inject_system_block: false}", **NO_SWEEP)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
+    sidecar.add("The staging cluster runs on arm64", scope=SCOPE)
+    before = sidecar.turn("s", "staging cluster", scope=SCOPE)
+    assert brief.memory.id in before.injected_memory_ids
+
+    wait_past(brief)
+    after = sidecar.turn("s", "staging cluster", scope=SCOPE)
+    assert brief.memory.id not in after.injected_memory_ids
+    assert "down today" not in after.turn_context
+    assert "arm64" in after.turn_context
+
+
+def test_search_and_lists_leave_expired_entries_out_unless_asked(
+    make_sidecar: MakeSidecar,
+) -> None:
+    sidecar = make_sidecar(**NO_SWEEP)
+    brief = [sidecar.add(f"deploy note {i} expires", scope=SCOPE, ttl_seconds=1) for i in range(2)]
+    kept = [sidecar.add(f"deploy note {i} stays", scope=SCOPE) for i in range(3)]
+    # Interleaved in insertion order with the ones that stay.
+    brief.append(sidecar.add("deploy note late expires", scope=SCOPE, ttl_seconds=1))
+    assert brief[0].memory.HasField("expires_at")
+    assert not kept[0].memory.HasField("expires_at")
+    for added in brief:
+        wait_past(added)
+
+    listed = sidecar.list(scope=SCOPE)
+    assert contents(listed) == [f"deploy note {i} stays" for i in range(3)]
+    assert {u.tier: u.entry_count for u in listed.usage}[pb.TIER_MEMORY] == 3
+    # Paging walks the same three, one at a time.
+    paged: list[str] = []
+    token = ""
+    while True:
+        page = sidecar.list(scope=SCOPE, page_size=1, page_token=token)
+        paged.extend(contents(page))
+        token = page.next_page_token
+        if not token:
+            break
+    assert paged == contents(listed)
+
+    everything = sidecar.list(scope=SCOPE, include_expired=True)
+    assert len(everything.memories) == 6
+    assert {m.id for m in everything.memories if m.HasField("expires_at")} == {
+        b.memory.id for b in brief
+    }
+
+    found = sidecar.stub.SearchMemories(
+        pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note"), timeout=10
+    )
+    assert sorted(r.memory.content for r in found.hits) == sorted(contents(listed))
+    # The model's own tools read the same way.
+    tool = sidecar.stub.CallTool(
+        pb.CallToolRequest(scope=SCOPE, name="memory_search", arguments_json='{"query":"deploy"}'),
+        timeout=10,
+    )
+    assert "expires" not in tool.text
+
+
+def test_expired_entries_do_not_count_against_the_budget(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar("defaults: {memory_char_limit: 40}", **NO_SWEEP)
+    brief = sidecar.add("a" * 30, scope=SCOPE, ttl_seconds=1)
+    error = refused(sidecar.add, "b" * 30, scope=SCOPE)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    wait_past(brief)
+    # Reads already leave it out of the usage, before any write removed it.
+    usage = {u.tier: u for u in sidecar.list(scope=SCOPE).usage}[pb.TIER_MEMORY]
+    assert (usage.used_chars, usage.entry_count) == (0, 0)
+    assert row_count(sidecar) == 1
+
+    added = sidecar.add("b" * 30, scope=SCOPE)
+    assert added.usage.used_chars == 30
+    # The write removed the expired row first, in its own transaction, and
+    # logged it; both got the write's generation.
+    assert row_count(sidecar) == 1
+    expired = events(sidecar, "expire")
+    assert [memory_id for _, memory_id in expired] == [brief.memory.id]
+    assert expired[0][0] == events(sidecar, "add")[-1][0]
+
+
+def test_an_agents_default_ttl_applies_per_tier(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar(
+        "defaults: {memory_ttl_seconds: 3600}\nagents: {coder: {user_ttl_seconds: 60}}"
+    )
+    other = pb.Scope(agent_id="reviewer", user_id="ada")
+    note = sidecar.add("The repo uses uv", scope=SCOPE)
+    profile = sidecar.add("Prefers tabs", scope=other, tier=pb.TIER_USER)
+    coder_profile = sidecar.add("Prefers spaces", scope=SCOPE, tier=pb.TIER_USER)
+    asked = sidecar.add("Lasts a day", scope=SCOPE, ttl_seconds=86_400)
+
+    def lifetime(response: pb.AddMemoryResponse) -> float:
+        memory = response.memory
+        return memory.expires_at.ToSeconds() - memory.created_at.ToSeconds()
+
+    assert lifetime(note) == pytest.approx(3600, abs=1)
+    assert not profile.memory.HasField("expires_at")
+    assert lifetime(coder_profile) == pytest.approx(60, abs=1)
+    assert lifetime(asked) == pytest.approx(86_400, abs=1)
+
+
+def _timestamp(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"ttl_seconds": 60, "expires_at": "+1h"}, "EXPIRY_CONFLICT"),
+        ({"ttl_seconds": -5}, "TTL_OUT_OF_RANGE"),
+        ({"ttl_seconds": 10**12}, "TTL_OUT_OF_RANGE"),
+        ({"expires_at": "-1h"}, "EXPIRES_AT_PAST"),
+        ({"expires_at": "+200y"}, "EXPIRES_AT_TOO_FAR"),
+    ],
+)
+def test_invalid_expiries_are_refused_and_nothing_is_stored(
+    sidecar: Running, fields: dict[str, object], reason: str
+) -> None:
+    offsets = {
+        "+1h": timedelta(hours=1),
+        "-1h": -timedelta(hours=1),
+        "+200y": timedelta(days=73_000),
+    }
+    given = dict(fields)
+    if "expires_at" in given:
+        given["expires_at"] = _timestamp(datetime.now(UTC) + offsets[str(given["expires_at"])])
+    error = refused(sidecar.add, "The repo uses uv", scope=SCOPE, **given)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(error).reason == reason
+    assert sidecar.list(scope=SCOPE, include_expired=True).memories == []
+
+
+def test_update_sets_and_clears_an_expiry(sidecar: Running) -> None:
+    added = sidecar.add("The repo uses uv", scope=SCOPE)
+    update = sidecar.stub.UpdateMemory
+    set_ = update(pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, ttl_seconds=600))
+    assert set_.memory.content == "The repo uses uv"
+    assert set_.memory.expires_at.ToSeconds() == pytest.approx(time.time() + 600, abs=5)
+    # Changing only the expiry is a write: the watchers hear an update.
+    assert [m for _, m in events(sidecar, "update")] == [added.memory.id]
+    conflict = refused(
+        update,
+        pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, ttl_seconds=5, clear_expiry=True),
+    )
+    assert error_info(conflict).reason == "EXPIRY_CONFLICT"
+    cleared = update(pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, clear_expiry=True))
+    assert not cleared.memory.HasField("expires_at")
+    listed = sidecar.list(scope=SCOPE)
+    assert not listed.memories[0].HasField("expires_at")
+
+    brief = update(pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, ttl_seconds=1))
+    wait_past(brief)
+    gone = refused(update, pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, content="x"))
+    assert gone.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_sweep_removes_expired_rows_in_batches(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar(expiry_sweep_seconds=0, expiry_sweep_batch=2)
+    brief = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
+    sidecar.add("note kept", scope=SCOPE)
+    other = sidecar.add("their note", scope=pb.Scope(agent_id="reviewer"), ttl_seconds=1)
+    for added in [*brief, other]:
+        wait_past(added)
+    assert row_count(sidecar) == 7
+
+    assert sidecar.sidecar.engine.expiry.run_once() == 6
+    assert row_count(sidecar) == 1
+    expired = events(sidecar, "expire")
+    assert {m for _, m in expired} == {a.memory.id for a in [*brief, other]}
+    # Two entries per transaction: the coder's five took three generations.
+    mine = {a.memory.id for a in brief}
+    assert len({g for g, m in expired if m in mine}) == 3
+    assert sidecar.sidecar.engine.expiry.run_once() == 0
+    assert contents(sidecar.list(scope=SCOPE, include_expired=True)) == ["note kept"]
+
+
+def test_the_background_sweep_runs(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar(expiry_sweep_seconds=0.1)
+    brief = sidecar.add("note", scope=SCOPE, ttl_seconds=1)
+    wait_past(brief)
+    deadline = time.monotonic() + 10
+    while row_count(sidecar) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert row_count(sidecar) == 0
+
+
+@pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
+def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
+    make_sidecar: MakeSidecar, refresh: str
+) -> None:
+    sidecar = make_sidecar(
+        f"defaults: {{snapshot_refresh: {refresh}, memory_char_limit: 0}}",
+        compact_tier_entries=4,
+        **NO_SWEEP,
+    )
+    for i in range(5):
+        sidecar.add(f"Standing fact number {i}", scope=SCOPE)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
+    first = sidecar.turn("s", "staging", scope=SCOPE)
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(held, CompactPartition)
+    assert brief.memory.id in first.system_block_memory_ids
+
+    wait_past(brief)
+    after = sidecar.turn("s", "staging", scope=SCOPE)
+    assert brief.memory.id not in after.system_block_memory_ids
+    assert brief.memory.id not in after.injected_memory_ids
+    # Still the same compact partition: nothing was loaded again.
+    assert sidecar.sidecar.engine.partitions.cached(key) is held
+    found = sidecar.stub.SearchMemories(
+        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=10
+    )
+    assert list(found.hits) == []
+
+    # The sweep's removal reaches the cached compact partition as a delete.
+    assert sidecar.sidecar.engine.expiry.run_once() == 1
+    swept = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(swept, CompactPartition)
+    assert swept.count == 5
+    assert swept.storage is held.storage
+    last = sidecar.turn("s", "staging", scope=SCOPE)
+    assert brief.memory.id not in last.system_block_memory_ids
+    assert len(last.system_block_memory_ids) == 5
+
+
+def test_another_replica_drops_an_expired_entry_without_any_write(
+    make_sidecar: MakeSidecar,
+) -> None:
+    settings = "defaults: {snapshot_refresh: on_compaction}"
+    a = make_sidecar(settings, **NO_SWEEP)
+    b = make_sidecar(settings, **NO_SWEEP)
+    brief = a.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
+    a.add("The repo uses uv", scope=SCOPE)
+
+    def shows(text: str) -> Callable[[], bool]:
+        return lambda: text in b.turn("s", scope=SCOPE).system_block
+
+    deadline = time.monotonic() + 10
+    while not shows("uses uv")():
+        assert time.monotonic() < deadline, "B never heard A's writes"
+        time.sleep(0.02)
+    assert shows("staging cluster")()
+    assert b.turn("s", scope=SCOPE).cache_hit
+    queries = b.db_queries()
+
+    wait_past(brief)
+    after = b.turn("s", scope=SCOPE)
+    assert "staging cluster" not in after.system_block
+    assert "uses uv" in after.system_block
+    # Nobody wrote: the rows are all still there, and B read the tier again
+    # because of its own clock.
+    assert row_count(a) == 2
+    assert b.db_queries() > queries
