@@ -384,6 +384,8 @@ def export_line(owner: str, memory: Memory) -> str:
             "confidence": memory.confidence,
             "created_at": _iso(memory.created_at),
             "updated_at": _iso(memory.updated_at),
+            # Only on entries that expire: older readers see the lines they knew.
+            **({"expires_at": _iso(memory.expires_at)} if memory.expires_at else {}),
         },
         ensure_ascii=False,
     )
@@ -407,6 +409,11 @@ def parse_line(number: int, line: str) -> tuple[str, Memory]:
             confidence=check_confidence(float(item.get("confidence", 1.0))),
             created_at=stamps[0],
             updated_at=stamps[1],
+            expires_at=(
+                datetime.fromisoformat(item["expires_at"].replace("Z", "+00:00"))
+                if item.get("expires_at")
+                else None
+            ),
         )
         if not memory.id or not memory.content.strip():
             raise ValueError("empty id or content")

@@ -10,17 +10,21 @@ took).
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sidecar import admin
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.compact import CompactPartition
-from sidecar.memory import Tier
+from sidecar.memory import Scope, Tier
+from sidecar.store import Store
 from tests.conftest import MakeSidecar, Running, error_info, refused
 
 pytestmark = pytest.mark.contract
@@ -337,3 +341,20 @@ def test_another_replica_drops_an_expired_entry_without_any_write(
     # because of its own clock.
     assert row_count(a) == 2
     assert b.db_queries() > queries
+
+
+def test_export_and_import_keep_the_expiry(sidecar: Running, tmp_path: Path) -> None:
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=3600)
+    sidecar.add("The repo uses uv", scope=SCOPE)
+    dump = tmp_path / "dump.jsonl"
+    assert admin.export(sidecar.store, str(dump), io.StringIO()) == 0
+    fresh = Store(str(tmp_path / "fresh.db"))
+    fresh.open()
+    try:
+        assert admin.import_file(fresh, str(dump), io.StringIO()) == 0
+        memories, _ = fresh.list_memories(Scope("coder", "ada"), [Tier.MEMORY])
+    finally:
+        fresh.close()
+    expiries = {m.id: m.expires_at for m in memories}
+    assert expiries[brief.memory.id] == brief.memory.expires_at.ToDatetime(tzinfo=UTC)
+    assert len([at for at in expiries.values() if at is None]) == 1
