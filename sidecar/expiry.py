@@ -24,6 +24,7 @@ not touch: gRPC or protobuf (sidecar.service converts them), SQL
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -122,17 +123,26 @@ class Expiry:
 
     # --- the sweep ------------------------------------------------------------
 
-    def run_once(self, now: datetime | None = None, *, max_batches: int = 1000) -> int:
+    def run_once(
+        self,
+        now: datetime | None = None,
+        *,
+        max_batches: int = 1000,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> int:
         """Remove entries expired by `now` (the clock's time by default), at
         most `batch` per partition per transaction and `max_batches`
-        transactions in all; return how many were removed."""
+        transactions in all, until `stop` says so; return how many were
+        removed."""
         at = self.now() if now is None else to_micros(now)
         removed = batches = 0
-        while batches < max_batches:
+        while batches < max_batches and not stop():
             due = self._store.expiry.due(at, self.batch)
             if not due:
                 break
             for tier, owner in due:
+                if stop():
+                    break
                 key = (tier, owner)
                 # A write of this process to the partition and the update of
                 # its cached copy never interleave with this batch.

@@ -261,7 +261,7 @@ class Sidecar:
         interval = self.config.server.expiry_sweep_seconds
         while not self._stopped.wait(interval):
             try:
-                self.engine.expiry.run_once()
+                self.engine.expiry.run_once(stop=self._stopped.is_set)
             except Exception:
                 # Expired entries stay invisible meanwhile; keep sweeping.
                 log.exception("expiry sweep failed; trying again in %.1f s", interval)
