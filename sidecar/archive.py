@@ -102,6 +102,7 @@ def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, l
                 memory.confidence,
                 to_micros(memory.created_at),
                 updated_at=to_micros(memory.updated_at),
+                expires_at=to_micros(memory.expires_at) if memory.expires_at else None,
             )
             inserted += 1
         for (owner, tier), state in states.items():
