@@ -20,9 +20,12 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import admin
+from sidecar import admin, config
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.clock import to_micros
 from sidecar.compact import CompactPartition
+from sidecar.engine import MemoryEngine
+from sidecar.expiry import Requested
 from sidecar.memory import Scope, Tier
 from sidecar.store import Store
 from tests.conftest import MakeSidecar, Running, error_info, refused
@@ -358,3 +361,49 @@ def test_export_and_import_keep_the_expiry(sidecar: Running, tmp_path: Path) -> 
     expiries = {m.id: m.expires_at for m in memories}
     assert expiries[brief.memory.id] == brief.memory.expires_at.ToDatetime(tzinfo=UTC)
     assert len([at for at in expiries.values() if at is None]) == 1
+
+
+class WallClock:
+    """A wall clock the test moves by hand (the store's, so every cache's)."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
+    clock = WallClock()
+    store = Store(str(tmp_path / "m.db"), clock=clock)
+    store.open()
+    engine = MemoryEngine(config.Config(), store)
+    try:
+        scope = Scope("coder", "ada")
+        expires = engine.expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))
+        assert expires == to_micros(clock.now) + 60_000_000
+        text = "The staging cluster is down"
+        brief = engine.add(scope, Tier.MEMORY, text, "", 1.0, expires_at=expires)
+        engine.add(scope, Tier.MEMORY, "The repo uses uv", "", 1.0)
+        assert "staging" in engine.inject(scope, "s").system_block
+        assert engine.inject(scope, "s").cache_hit
+
+        clock.now += timedelta(seconds=59)
+        assert engine.inject(scope, "s").cache_hit
+        assert engine.expiry.run_once() == 0
+        clock.now += timedelta(seconds=1)
+        after = engine.inject(scope, "s")
+        assert not after.cache_hit
+        assert "staging" not in after.system_block
+        assert engine.search(scope, "staging", [Tier.MEMORY], limit=5) == []
+        listed, usage = engine.list_memories(scope, [Tier.MEMORY], "")
+        assert [m.content for m in listed] == ["The repo uses uv"]
+        assert usage[Tier.MEMORY].entry_count == 1
+        everything, _ = engine.list_memories(scope, [Tier.MEMORY], "", include_expired=True)
+        assert brief.memory.id in {m.id for m in everything}
+
+        assert engine.expiry.run_once() == 1
+        everything, _ = engine.list_memories(scope, [Tier.MEMORY], "", include_expired=True)
+        assert [m.content for m in everything] == ["The repo uses uv"]
+    finally:
+        store.close()
