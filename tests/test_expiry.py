@@ -407,3 +407,28 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
         assert [m.content for m in everything] == ["The repo uses uv"]
     finally:
         store.close()
+
+
+def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
+    make_sidecar: MakeSidecar,
+) -> None:
+    sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
+    for i in range(5):
+        sidecar.add(f"Standing fact number {i}", scope=SCOPE)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
+    sidecar.turn("s", "staging", scope=SCOPE)
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(held, CompactPartition)
+    wait_past(brief)
+
+    added = sidecar.add("The staging cluster is back", scope=SCOPE)
+    assert added.usage.entry_count == 6
+    assert [m for _, m in events(sidecar, "expire")] == [brief.memory.id]
+    written = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(written, CompactPartition)
+    assert written.storage is held.storage
+    assert written.count == 6
+    turn = sidecar.turn("s", "staging", scope=SCOPE)
+    assert added.memory.id in turn.system_block_memory_ids
+    assert brief.memory.id not in turn.system_block_memory_ids
