@@ -432,3 +432,8 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     turn = sidecar.turn("s", "staging", scope=SCOPE)
     assert added.memory.id in turn.system_block_memory_ids
     assert brief.memory.id not in turn.system_block_memory_ids
+    # Nothing was loaded again for it.
+    now_held = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(now_held, CompactPartition)
+    assert now_held.storage is held.storage
+    assert now_held.generation > held.generation
