@@ -15,11 +15,10 @@ reporting a refused write, where the daemon saves in the background.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,10 +32,11 @@ from grpc_status import rpc_status
 from sidecar import archive, compact_index
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.archive import export_line, parse_line
 from sidecar.config import Config
 from sidecar.console import Progress, emit_json, table
 from sidecar.errors import InvalidArgument, SidecarError
-from sidecar.memory import Memory, Tier, check_confidence
+from sidecar.memory import Memory, Tier
 from sidecar.schema import SCHEMA_VERSION
 from sidecar.store import Store
 
@@ -367,53 +367,6 @@ def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 
 
 # --- offline -----------------------------------------------------------------
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def export_line(owner: str, memory: Memory) -> str:
-    return json.dumps(
-        {
-            "id": memory.id,
-            "tier": memory.tier.value,
-            "owner": owner,
-            "content": memory.content,
-            "category": memory.category,
-            "confidence": memory.confidence,
-            "created_at": _iso(memory.created_at),
-            "updated_at": _iso(memory.updated_at),
-        },
-        ensure_ascii=False,
-    )
-
-
-def parse_line(number: int, line: str) -> tuple[str, Memory]:
-    """One exported line back into (owner, memory); errors name the line."""
-    try:
-        item = json.loads(line)
-        if not isinstance(item, dict):
-            raise ValueError("not a JSON object")
-        stamps = [
-            datetime.fromisoformat(item[k].replace("Z", "+00:00"))
-            for k in ("created_at", "updated_at")
-        ]
-        memory = Memory(
-            id=str(item["id"]),
-            tier=Tier(item["tier"]),
-            content=str(item["content"]),
-            category=str(item.get("category", "")),
-            confidence=check_confidence(float(item.get("confidence", 1.0))),
-            created_at=stamps[0],
-            updated_at=stamps[1],
-        )
-        if not memory.id or not memory.content.strip():
-            raise ValueError("empty id or content")
-        return str(item["owner"]), memory
-    except (ValueError, KeyError, TypeError, AttributeError, SidecarError) as exc:
-        problem = exc.message if isinstance(exc, SidecarError) else str(exc)
-        raise InvalidArgument(f"line {number}: {problem}", reason="IMPORT_LINE_INVALID") from None
 
 
 def backup(store: Store, destination: str, out: TextIO) -> int:
