@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC
 from pathlib import Path
@@ -179,28 +180,32 @@ class Online:
                 request, timeout=self.args.timeout, wait_for_ready=True
             )
         except grpc.RpcError as exc:
-            code = exc.code()
-            status = rpc_status.from_call(exc)
-            reason = ""
-            for detail in status.details if status else ():
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    reason = info.reason
-            # No reason: gRPC's own failure (nothing listening, or still
-            # starting when --timeout ran out), not the daemon's answer.
-            transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            if code in transport and not reason:
-                raise CommandFailed(
-                    f"cannot reach memory-sidecar at {self.address} within "
-                    f"{self.args.timeout:g} s: {exc.details()}"
-                ) from None
-            if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
-                raise CommandFailed(
-                    f"{method} failed: no such memory in the default scope; memories live in "
-                    "their scope: pass --agent-id for agent notes, --user-id for the user profile"
-                ) from None
-            shown = f" ({reason})" if reason else ""
-            raise CommandFailed(f"{method} failed: {code.name}{shown}: {exc.details()}") from None
+            raise self.failure(method, exc) from None
+
+    def failure(self, method: str, exc: grpc.RpcError) -> CommandFailed:
+        """What to tell the operator about a failed call."""
+        code = exc.code()
+        status = rpc_status.from_call(exc)
+        reason = ""
+        for detail in status.details if status else ():
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason = info.reason
+        # No reason: gRPC's own failure (nothing listening, or still
+        # starting when --timeout ran out), not the daemon's answer.
+        transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        if code in transport and not reason:
+            return CommandFailed(
+                f"cannot reach memory-sidecar at {self.address} within "
+                f"{self.args.timeout:g} s: {exc.details()}"
+            )
+        if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
+            return CommandFailed(
+                f"{method} failed: no such memory in the default scope; memories live in "
+                "their scope: pass --agent-id for agent notes, --user-id for the user profile"
+            )
+        shown = f" ({reason})" if reason else ""
+        return CommandFailed(f"{method} failed: {code.name}{shown}: {exc.details()}")
 
     def run(self) -> int:
         try:
@@ -346,6 +351,59 @@ class Online:
         print(turn.system_block or "(empty)", file=self.out)
         print(f"── turn_context ({turn.turn_context_tokens:,} tokens) ──", file=self.out)
         print(turn.turn_context or "(empty)", file=self.out)
+        return 0
+
+    def do_export(self) -> int:
+        """ExportMemories into a file (or stdout), resumed from the last
+        cursor received when the connection is cut (UNAVAILABLE), at most
+        --retries times in a row."""
+        args = self.args
+        request = pb.ExportMemoriesRequest(scope=self.scope, tier=TIERS[args.tier])
+        if args.for_user is not None:
+            request.for_user = True
+            request.scope.user_id = args.for_user
+        path = args.destination
+        sink = self.out if path == "-" else open(path, "w", encoding="utf-8")  # noqa: SIM115
+        progress = Progress("exporting")
+        count, cuts = 0, 0
+        try:
+            while True:
+                try:
+                    # Waits up to --timeout for the daemon (to start, or to
+                    # come back), but sets no deadline on the stream itself:
+                    # an export takes as long as its size.
+                    grpc.channel_ready_future(self.channel).result(timeout=args.timeout)
+                    for response in self.stub.ExportMemories(request):
+                        sink.write(response.jsonl)
+                        count += response.count
+                        progress.update(count)
+                        # Only after the lines are written: a resume never
+                        # skips a batch, nor writes one twice.
+                        request.cursor = response.cursor
+                        cuts = 0
+                    break
+                except grpc.FutureTimeoutError:
+                    raise CommandFailed(
+                        f"cannot reach memory-sidecar at {self.address} within "
+                        f"{args.timeout:g} s"
+                        + (f" ({count:,} memories written before the cut)" if count else "")
+                    ) from None
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise self.failure("ExportMemories", exc) from None
+                    if cuts >= args.retries:
+                        raise CommandFailed(
+                            f"ExportMemories was cut off {cuts + 1} times in a row, "
+                            f"{count:,} memories written: {exc.details()}"
+                        ) from None
+                    cuts += 1
+                    time.sleep(min(0.2 * 2**cuts, 5.0))
+        finally:
+            if sink is not self.out:
+                sink.close()
+            progress.done()
+        if args.destination != "-":
+            print(f"exported {count:,} memories to {args.destination}", file=self.out)
         return 0
 
 
