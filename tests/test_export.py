@@ -131,6 +131,7 @@ def test_for_user_exports_the_profile_whatever_the_agent(make_sidecar: MakeSidec
         ).memory.id,
     ]
     running.add("coder's note while serving Ada", scope=SCOPE)
+    running.add("the default agent's note", scope=pb.Scope(user_id="ada"))
     running.add("Bob's profile", scope=pb.Scope(agent_id="coder", user_id="bob"), tier=pb.TIER_USER)
     mine = pb.Scope(user_id="ada")
     for tier in (pb.TIER_UNSPECIFIED, pb.TIER_USER):
