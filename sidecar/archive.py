@@ -29,10 +29,12 @@ import json
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any
 
 from sidecar import schema
 from sidecar._backend import PartitionState
+from sidecar._statements import Record
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
 from sidecar.errors import InvalidArgument, SidecarError
@@ -68,7 +70,9 @@ def backup(store: Store, destination: str, progress: Callable[[int, int], None])
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # As strftime("%Y-%m-%dT%H:%M:%S.%fZ"), at a third of the cost: an
+    # export formats two per line.
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def export_line(owner: str, memory: Memory) -> str:
@@ -118,29 +122,35 @@ def parse_line(number: int, line: str) -> tuple[str, Memory]:
 # --- reading everything, or some partitions, in one snapshot -------------------
 
 
-def _after(store: Store, after: int, limit: int, partition: tuple[str, Tier] | None) -> Any:
+def _after(
+    store: Store, after: int, limit: int, partition: tuple[str, Tier] | None
+) -> list[Record]:
     """The next `limit` rows after seq `after`, in seq order: of one
     partition (owner, tier), or of the whole store. The one query the dump
     and the export read through, so a filter every export needs (expired
     entries, say) goes here."""
     Row = store.tables.rows
-    query = Row.select().where(Row.seq > after)
+    # Tuples rather than model instances: building those took most of an
+    # export's time.
+    columns = [getattr(Row, name) for name in Record._fields]
+    query = Row.select(*columns).where(Row.seq > after)
     if partition is not None:
         owner, tier = partition
         # idx_memories_scope (owner, tier, seq): a range scan, whatever the
         # partition's size or the position.
         query = query.where((Row.owner == owner) & (Row.tier == tier.value))
-    return query.order_by(Row.seq).limit(limit)
+    rows: Any = query.order_by(Row.seq).limit(limit).tuples()
+    return [Record(*row) for row in rows]
 
 
 def _walk(
     store: Store, after: int, batch: int, partition: tuple[str, Tier] | None
-) -> Iterator[Any]:
+) -> Iterator[Record]:
     """Rows after seq `after`, read `batch` at a time by keyset (seq >
     last): never more than one batch in memory, and no batch costs more
     than the one before (an OFFSET would)."""
     while True:
-        rows = list(_after(store, after, batch, partition))
+        rows = _after(store, after, batch, partition)
         yield from rows
         if len(rows) < batch:
             return
@@ -173,7 +183,7 @@ def exported(
     backend = store.tables.backend
     with backend.guard(), backend.db.connection_context(), backend.read_transaction():
         walks = [_walk(store, after, batch, partition) for partition in partitions]
-        for row in heapq.merge(*walks, key=lambda row: int(row.seq)):
+        for row in heapq.merge(*walks, key=attrgetter("seq")):
             yield row.owner, to_memory(row)
 
 
