@@ -1,15 +1,16 @@
 """Operator commands: talk to a running daemon, or work on the database file.
 
 Online (over gRPC, to --address): add, list, search, update, rm, usage,
-inject. Offline (on --db, safe while the daemon runs): backup, export,
-import, check.
+inject, and export with --address (ExportMemories, resumed after a cut).
+Offline (on --db, safe while the daemon runs): backup, export, import, check.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
-(channel, token, TLS, errors), offline ones on a Store (verified backup, the
-JSON-lines export format, import, check). Must not touch: the engine, SQL (all
-through Store), os.environ. index_large_tiers takes sidecar.indexer's
-log-then-save steps itself (sidecar.compact_index), synchronously and
-reporting a refused write, where the daemon saves in the background.
+(channel, token, TLS, errors), offline ones on a Store (verified backup,
+export and import in sidecar.archive's JSON-lines format, check). Must not
+touch: the engine, SQL (all through Store), os.environ. index_large_tiers
+takes sidecar.indexer's log-then-save steps itself (sidecar.compact_index),
+synchronously and reporting a refused write, where the daemon saves in the
+background.
 """
 
 from __future__ import annotations
