@@ -42,7 +42,7 @@ class Exports:
         self._store = store
         self._max = max_concurrent
         self._running = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     @property
     def running(self) -> int:
@@ -79,6 +79,14 @@ class Exports:
         finally:
             with self._lock:
                 self._running -= 1
+                self._lock.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until no stream holds a slot, up to `timeout` seconds; whether
+        none does. For stopping: a cancelled stream lets go at its next
+        response, and the store must not close under its read."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._running == 0, timeout)
 
     def entries(
         self, partitions: Sequence[Partition], after_seq: int, batch: int

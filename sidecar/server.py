@@ -358,6 +358,8 @@ class Sidecar:
         if self._mcp is not None:
             self._mcp.stop(grace)
         api_stopped.wait()
+        # A cancelled export lets go of its read at its next response.
+        self.engine.exports.drain(max(grace, 1.0))
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:

@@ -245,6 +245,21 @@ def test_a_cancelled_export_lets_go_of_its_slot_and_connection(make_sidecar: Mak
     assert len(ids(export(running, scope=SCOPE))) == 1200
 
 
+def test_stopping_the_daemon_mid_export_ends_the_stream_first(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar(UNLIMITED)
+    seed(running, 1200, 4000)
+    stream = exporting(running, scope=SCOPE, batch_size=10)
+    received = [next(stream)]
+    running.sidecar.stop(grace=0.2)
+    # stop() returned: no export reads any more, so the store may close.
+    assert running.sidecar.engine.exports.running == 0
+    assert _connections_in_use(running) == 0
+    with pytest.raises(grpc.RpcError) as cut:
+        received.extend(stream)
+    assert cut.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert 10 <= len(ids(received)) < 1200
+
+
 def test_permission_follows_the_grant(make_sidecar: MakeSidecar, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     (tmp_path / "ada").write_text("token-of-coder-for-ada")
