@@ -151,7 +151,7 @@ def online_channel(address: str, args: argparse.Namespace, config: Config) -> gr
     return grpc.secure_channel(address, credentials)
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds `authorization: Bearer` on a plaintext channel (the loopback or
     Unix-socket API); grpc attaches call credentials only over TLS."""
 
@@ -161,6 +161,10 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         metadata = [*(details.metadata or ()), self._metadata]
         return continuation(details._replace(metadata=metadata), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        # Server-streaming calls (ExportMemories) carry it too.
+        return self.intercept_unary_unary(continuation, details, request)
 
 
 class Online:

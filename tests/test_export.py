@@ -325,6 +325,22 @@ def test_the_cli_exports_through_the_daemon(
     assert "FOR_USER_WITH_AGENT" in capsys.readouterr().err
 
 
+def test_the_cli_sends_its_token_on_the_stream(
+    make_sidecar: MakeSidecar, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-token-of-the-operator\n")
+    running = make_sidecar(UNLIMITED, auth_token_file=str(token))
+    metadata = (("authorization", "Bearer a-token-of-the-operator"),)
+    request = pb.AddMemoryRequest(scope=SCOPE, content="behind a token")
+    running.stub.AddMemory(request, metadata=metadata, timeout=10)
+    address = ["--address", running.addresses.api, "--agent-id", "coder", "--user-id", "ada"]
+    assert cli.main(["export", *address, "--token-file", str(token)], environ={}) == 0
+    assert "behind a token" in capsys.readouterr().out
+    assert cli.main(["export", *address], environ={}) == 1
+    assert "TOKEN_MISSING" in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
