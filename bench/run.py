@@ -8,8 +8,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
     python -m bench.run [--quick] [--output docs/BENCHMARKS.md]
 
 This file is the runner: its flags and the order of the sections. Each
-section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py
-for 19), measuring with bench/measure.py; bench/report.py writes the report.
+section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
+bench/exports.py for 21), measuring with bench/measure.py; bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench.big_tier_writes import bench_big_tier_writes
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
 from bench.expiry_sweep import bench_expiry_sweep
+from bench.exports import bench_exports
 from bench.large_tiers import bench_large_tiers
 from bench.mcp_calls import bench_mcp_calls
 from bench.measure import Report, postgres
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 20))
+        only = set(args.only or range(1, 22))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -141,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     if 19 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_expiry_sweep(report, Path(tmp), corpus, 10_000 if quick else 1_000_000)
+    if 21 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
+            bench_exports(
+                report, Path(tmp), corpus, 10_000 if quick else 100_000, 1 if quick else 3
+            )
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -125,6 +125,17 @@ def authorize(scope: Scope) -> None:
         raise refusal
 
 
+def authorize_user(user_id: str) -> None:
+    """Raise PermissionDenied unless the call's grant may address `user_id`,
+    whatever the agent: for a call about one user's profile as a whole
+    (ExportMemories' for_user). Every grant lists at least one agent, so a
+    token that may address the user reads that profile through any of its
+    agents already: only the users it lists matter."""
+    refusal = Grant(users=_current.get().users).refusal(Scope(user_id=user_id))
+    if refusal is not None:
+        raise refusal
+
+
 def authorize_erasure(what: str) -> str:
     """The name of the call's token, for the audit log; PermissionDenied
     (ERASE_NOT_GRANTED) unless its grant says `erase: true`."""

@@ -1,25 +1,26 @@
 """Operator commands: talk to a running daemon, or work on the database file.
 
 Online (over gRPC, to --address): add, list, search, update, rm, usage,
-inject. Offline (on --db, safe while the daemon runs): backup, export,
-import, check.
+inject, and export with --address (ExportMemories, resumed after a cut).
+Offline (on --db, safe while the daemon runs): backup, export, import, check.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
-(channel, token, TLS, errors), offline ones on a Store (verified backup, the
-JSON-lines export format, import, check). Must not touch: the engine, SQL (all
-through Store), os.environ. index_large_tiers takes sidecar.indexer's
-log-then-save steps itself (sidecar.compact_index), synchronously and
-reporting a refused write, where the daemon saves in the background.
+(channel, token, TLS, errors), offline ones on a Store (verified backup,
+export and import in sidecar.archive's JSON-lines format, check). Must not
+touch: the engine, SQL (all through Store), os.environ. index_large_tiers
+takes sidecar.indexer's log-then-save steps itself (sidecar.compact_index),
+synchronously and reporting a refused write, where the daemon saves in the
+background.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,10 +34,11 @@ from grpc_status import rpc_status
 from sidecar import archive, compact_index
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.archive import export_line, parse_line
 from sidecar.config import Config
 from sidecar.console import Progress, emit_json, table
 from sidecar.errors import InvalidArgument, SidecarError
-from sidecar.memory import Memory, Tier, check_confidence
+from sidecar.memory import Memory, Tier
 from sidecar.schema import SCHEMA_VERSION
 from sidecar.store import Store
 
@@ -149,7 +151,7 @@ def online_channel(address: str, args: argparse.Namespace, config: Config) -> gr
     return grpc.secure_channel(address, credentials)
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor):
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     """Adds `authorization: Bearer` on a plaintext channel (the loopback or
     Unix-socket API); grpc attaches call credentials only over TLS."""
 
@@ -159,6 +161,10 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         metadata = [*(details.metadata or ()), self._metadata]
         return continuation(details._replace(metadata=metadata), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        # Server-streaming calls (ExportMemories) carry it too.
+        return self.intercept_unary_unary(continuation, details, request)
 
 
 class Online:
@@ -179,28 +185,32 @@ class Online:
                 request, timeout=self.args.timeout, wait_for_ready=True
             )
         except grpc.RpcError as exc:
-            code = exc.code()
-            status = rpc_status.from_call(exc)
-            reason = ""
-            for detail in status.details if status else ():
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    reason = info.reason
-            # No reason: gRPC's own failure (nothing listening, or still
-            # starting when --timeout ran out), not the daemon's answer.
-            transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            if code in transport and not reason:
-                raise CommandFailed(
-                    f"cannot reach memory-sidecar at {self.address} within "
-                    f"{self.args.timeout:g} s: {exc.details()}"
-                ) from None
-            if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
-                raise CommandFailed(
-                    f"{method} failed: no such memory in the default scope; memories live in "
-                    "their scope: pass --agent-id for agent notes, --user-id for the user profile"
-                ) from None
-            shown = f" ({reason})" if reason else ""
-            raise CommandFailed(f"{method} failed: {code.name}{shown}: {exc.details()}") from None
+            raise self.failure(method, exc) from None
+
+    def failure(self, method: str, exc: grpc.RpcError) -> CommandFailed:
+        """What to tell the operator about a failed call."""
+        code = exc.code()
+        status = rpc_status.from_call(exc)
+        reason = ""
+        for detail in status.details if status else ():
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason = info.reason
+        # No reason: gRPC's own failure (nothing listening, or still
+        # starting when --timeout ran out), not the daemon's answer.
+        transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        if code in transport and not reason:
+            return CommandFailed(
+                f"cannot reach memory-sidecar at {self.address} within "
+                f"{self.args.timeout:g} s: {exc.details()}"
+            )
+        if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
+            return CommandFailed(
+                f"{method} failed: no such memory in the default scope; memories live in "
+                "their scope: pass --agent-id for agent notes, --user-id for the user profile"
+            )
+        shown = f" ({reason})" if reason else ""
+        return CommandFailed(f"{method} failed: {code.name}{shown}: {exc.details()}")
 
     def run(self) -> int:
         try:
@@ -348,6 +358,59 @@ class Online:
         print(turn.turn_context or "(empty)", file=self.out)
         return 0
 
+    def do_export(self) -> int:
+        """ExportMemories into a file (or stdout), resumed from the last
+        cursor received when the connection is cut (UNAVAILABLE), at most
+        --retries times in a row."""
+        args = self.args
+        request = pb.ExportMemoriesRequest(scope=self.scope, tier=TIERS[args.tier])
+        if args.for_user is not None:
+            request.for_user = True
+            request.scope.user_id = args.for_user
+        path = args.destination
+        sink = self.out if path == "-" else open(path, "w", encoding="utf-8")  # noqa: SIM115
+        progress = Progress("exporting")
+        count, cuts = 0, 0
+        try:
+            while True:
+                try:
+                    # Waits up to --timeout for the daemon (to start, or to
+                    # come back), but sets no deadline on the stream itself:
+                    # an export takes as long as its size.
+                    grpc.channel_ready_future(self.channel).result(timeout=args.timeout)
+                    for response in self.stub.ExportMemories(request):
+                        sink.write(response.jsonl)
+                        count += response.count
+                        progress.update(count)
+                        # Only after the lines are written: a resume never
+                        # skips a batch, nor writes one twice.
+                        request.cursor = response.cursor
+                        cuts = 0
+                    break
+                except grpc.FutureTimeoutError:
+                    raise CommandFailed(
+                        f"cannot reach memory-sidecar at {self.address} within "
+                        f"{args.timeout:g} s"
+                        + (f" ({count:,} memories written before the cut)" if count else "")
+                    ) from None
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise self.failure("ExportMemories", exc) from None
+                    if cuts >= args.retries:
+                        raise CommandFailed(
+                            f"ExportMemories was cut off {cuts + 1} times in a row, "
+                            f"{count:,} memories written: {exc.details()}"
+                        ) from None
+                    cuts += 1
+                    time.sleep(min(0.2 * 2**cuts, 5.0))
+        finally:
+            if sink is not self.out:
+                sink.close()
+            progress.done()
+        if args.destination != "-":
+            print(f"exported {count:,} memories to {args.destination}", file=self.out)
+        return 0
+
 
 def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     """Ask grpc.health.v1 for a status; for Docker's HEALTHCHECK and people."""
@@ -367,60 +430,6 @@ def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 
 
 # --- offline -----------------------------------------------------------------
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def export_line(owner: str, memory: Memory) -> str:
-    return json.dumps(
-        {
-            "id": memory.id,
-            "tier": memory.tier.value,
-            "owner": owner,
-            "content": memory.content,
-            "category": memory.category,
-            "confidence": memory.confidence,
-            "created_at": _iso(memory.created_at),
-            "updated_at": _iso(memory.updated_at),
-            # Only on entries that expire: older readers see the lines they knew.
-            **({"expires_at": _iso(memory.expires_at)} if memory.expires_at else {}),
-        },
-        ensure_ascii=False,
-    )
-
-
-def parse_line(number: int, line: str) -> tuple[str, Memory]:
-    """One exported line back into (owner, memory); errors name the line."""
-    try:
-        item = json.loads(line)
-        if not isinstance(item, dict):
-            raise ValueError("not a JSON object")
-        stamps = [
-            datetime.fromisoformat(item[k].replace("Z", "+00:00"))
-            for k in ("created_at", "updated_at")
-        ]
-        memory = Memory(
-            id=str(item["id"]),
-            tier=Tier(item["tier"]),
-            content=str(item["content"]),
-            category=str(item.get("category", "")),
-            confidence=check_confidence(float(item.get("confidence", 1.0))),
-            created_at=stamps[0],
-            updated_at=stamps[1],
-            expires_at=(
-                datetime.fromisoformat(item["expires_at"].replace("Z", "+00:00"))
-                if item.get("expires_at")
-                else None
-            ),
-        )
-        if not memory.id or not memory.content.strip():
-            raise ValueError("empty id or content")
-        return str(item["owner"]), memory
-    except (ValueError, KeyError, TypeError, AttributeError, SidecarError) as exc:
-        problem = exc.message if isinstance(exc, SidecarError) else str(exc)
-        raise InvalidArgument(f"line {number}: {problem}", reason="IMPORT_LINE_INVALID") from None
 
 
 def backup(store: Store, destination: str, out: TextIO) -> int:

@@ -1,5 +1,6 @@
-"""Whole-store copies and bulk writes: backup, dump, restore, and importing
-another store's entries (cagent's memory.db).
+"""Whole-store copies and bulk writes: backup, dump, restore, importing
+another store's entries (cagent's memory.db), and the JSON-lines export
+format (one line per entry) with the streamed reads ExportMemories makes.
 
 Module functions taking a Store, not a class the store builds: importing
 applies the calling agent's TierPolicy, which sidecar.store defines, so this
@@ -13,19 +14,31 @@ Like the store's methods, each opens a pooled connection for its own
 duration. restore and import_entries lock each partition they write and
 advance its state row in their one transaction; restore applies no budget
 (it puts back what a store held), import_entries checks the budget and
-duplicates as every write does.
+duplicates as every write does. `exported` holds one read transaction (one
+snapshot) for as long as its caller iterates.
+
+Owns: backup, dump, restore and import steps, the export line format
+(export_line, parse_line) and the export's keyset read. Must not touch: the
+engine, service or server, ranking, compact, grpc.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import heapq
+import json
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from operator import attrgetter
+from typing import Any
 
 from sidecar import schema
 from sidecar._backend import PartitionState
+from sidecar._statements import Record
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
-from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier
+from sidecar.errors import InvalidArgument, SidecarError
+from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, check_confidence
 from sidecar.store import Store, TierPolicy
 
 
@@ -53,20 +66,137 @@ def backup(store: Store, destination: str, progress: Callable[[int, int], None])
         backend.backup(destination, progress)
 
 
+# --- the export format --------------------------------------------------------
+
+
+def _iso(moment: datetime) -> str:
+    # As strftime("%Y-%m-%dT%H:%M:%S.%fZ"), at a third of the cost: an
+    # export formats two per line.
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+def export_line(owner: str, memory: Memory) -> str:
+    """One entry as the JSON line `memory-sidecar import` reads (no newline)."""
+    return json.dumps(
+        {
+            "id": memory.id,
+            "tier": memory.tier.value,
+            "owner": owner,
+            "content": memory.content,
+            "category": memory.category,
+            "confidence": memory.confidence,
+            "created_at": _iso(memory.created_at),
+            "updated_at": _iso(memory.updated_at),
+            # Only on entries that expire: older readers see the lines they knew.
+            **({"expires_at": _iso(memory.expires_at)} if memory.expires_at else {}),
+        },
+        ensure_ascii=False,
+    )
+
+
+def parse_line(number: int, line: str) -> tuple[str, Memory]:
+    """One exported line back into (owner, memory); errors name the line."""
+    try:
+        item = json.loads(line)
+        if not isinstance(item, dict):
+            raise ValueError("not a JSON object")
+        stamps = [
+            datetime.fromisoformat(item[k].replace("Z", "+00:00"))
+            for k in ("created_at", "updated_at")
+        ]
+        memory = Memory(
+            id=str(item["id"]),
+            tier=Tier(item["tier"]),
+            content=str(item["content"]),
+            category=str(item.get("category", "")),
+            confidence=check_confidence(float(item.get("confidence", 1.0))),
+            created_at=stamps[0],
+            updated_at=stamps[1],
+            expires_at=(
+                datetime.fromisoformat(item["expires_at"].replace("Z", "+00:00"))
+                if item.get("expires_at")
+                else None
+            ),
+        )
+        if not memory.id or not memory.content.strip():
+            raise ValueError("empty id or content")
+        return str(item["owner"]), memory
+    except (ValueError, KeyError, TypeError, AttributeError, SidecarError) as exc:
+        problem = exc.message if isinstance(exc, SidecarError) else str(exc)
+        raise InvalidArgument(f"line {number}: {problem}", reason="IMPORT_LINE_INVALID") from None
+
+
+# --- reading everything, or some partitions, in one snapshot -------------------
+
+
+def _after(
+    store: Store, after: int, limit: int, partition: tuple[str, Tier] | None, live: bool = False
+) -> list[Record]:
+    """The next `limit` rows after seq `after`, in seq order: of one
+    partition (owner, tier), or of the whole store. The one query the dump
+    and the export read through, so a filter every export needs (expired
+    entries, say) goes here."""
+    Row = store.tables.rows
+    # Tuples rather than model instances: building those took most of an
+    # export's time.
+    columns = [getattr(Row, name) for name in Record._fields]
+    query = Row.select(*columns).where(Row.seq > after)
+    if partition is not None:
+        owner, tier = partition
+        # idx_memories_scope (owner, tier, seq): a range scan, whatever the
+        # partition's size or the position.
+        query = query.where((Row.owner == owner) & (Row.tier == tier.value))
+    if live:
+        # An export is a read like a list: expired entries the sweep has not
+        # removed yet are left out. (The offline dump keeps them: a restore
+        # of it is what the store held.)
+        query = query.where(Row.expires_at.is_null() | (Row.expires_at > store.tables.now()))
+    rows: Any = query.order_by(Row.seq).limit(limit).tuples()
+    return [Record(*row) for row in rows]
+
+
+def _walk(
+    store: Store, after: int, batch: int, partition: tuple[str, Tier] | None, live: bool = False
+) -> Iterator[Record]:
+    """Rows after seq `after`, read `batch` at a time by keyset (seq >
+    last): never more than one batch in memory, and no batch costs more
+    than the one before (an OFFSET would)."""
+    while True:
+        rows = _after(store, after, batch, partition, live)
+        yield from rows
+        if len(rows) < batch:
+            return
+        after = rows[-1].seq
+
+
 def dump(store: Store, batch: int = 1000) -> Iterator[tuple[str, Memory]]:
     """Every entry as (owner, memory), in insertion order, read in one
     snapshot, `batch` rows at a time (a driver may hold a whole result
     in memory: a million-entry store would)."""
-    backend, Row = store.tables.backend, store.tables.rows
-    after = 0
+    backend = store.tables.backend
     with backend.guard(), backend.db.connection_context(), backend.read_transaction():
-        while True:
-            rows = list(Row.select().where(Row.seq > after).order_by(Row.seq).limit(batch))
-            for row in rows:
-                yield row.owner, to_memory(row)
-            if len(rows) < batch:
-                return
-            after = rows[-1].seq
+        for row in _walk(store, 0, batch, None):
+            yield row.owner, to_memory(row)
+
+
+def exported(
+    store: Store, partitions: Sequence[tuple[str, Tier]], after: int, batch: int
+) -> Generator[tuple[str, Memory]]:
+    """The partitions' entries (owner, tier) with a seq above `after`, as
+    (owner, memory) in insertion order (seq) across them, all from one read
+    transaction: one snapshot however long the caller takes.
+
+    Each partition is walked by keyset on its own index and the walks are
+    merged by seq, so a batch is a range scan whatever the position, and at
+    most `batch` rows per partition are held. The connection and the
+    transaction are held until the iterator is exhausted or closed: close it
+    (on the thread that iterated it) when the caller stops early.
+    """
+    backend = store.tables.backend
+    with backend.guard(), backend.db.connection_context(), backend.read_transaction():
+        walks = [_walk(store, after, batch, partition, True) for partition in partitions]
+        for row in heapq.merge(*walks, key=attrgetter("seq")):
+            yield row.owner, to_memory(row)
 
 
 def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, list[str]]:

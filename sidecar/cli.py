@@ -234,7 +234,10 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     backup.add_argument("destination", metavar="FILE", help="where to write the copy")
     export = commands.add_parser(
-        "export", parents=[common], help="write every memory as JSON Lines"
+        "export",
+        parents=[common],
+        help="write every memory as JSON Lines (--db), or a scope's through a running daemon "
+        "(--address)",
     )
     export.add_argument(
         "destination",
@@ -243,12 +246,43 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
         default="-",
         help="output file (default: standard output)",
     )
+    _add_export_online(export.add_argument_group("through a running daemon (ExportMemories)"))
     imp = commands.add_parser("import", parents=[common], help="restore memories from JSON Lines")
     imp.add_argument("source", metavar="FILE", help="an export file, or - for standard input")
     check = commands.add_parser(
         "check", parents=[common], help="integrity check and schema version"
     )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_export_online(group: Any) -> None:
+    group.add_argument("--address", metavar="ADDR", help="the daemon's API; exports online")
+    group.add_argument("--agent-id", default="", help="scope: the agent")
+    group.add_argument("--user-id", default="", help="scope: the user")
+    group.add_argument(
+        "--for-user",
+        metavar="USER_ID",
+        help="every entry of this user's profile, whatever the agent (no --agent-id)",
+    )
+    group.add_argument(
+        "--tier", choices=("memory", "user", "both"), default="both", help="default both"
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the daemon, at the start and after a cut (default 10)",
+    )
+    group.add_argument(
+        "--retries",
+        type=int,
+        default=5,
+        metavar="N",
+        help="resume this many times after a cut connection (default 5)",
+    )
+    group.add_argument("--token-file", metavar="FILE", help="bearer token to send")
+    group.add_argument("--tls-ca-file", metavar="FILE", help="connect over TLS trusting this CA")
 
 
 _SERVER_FLAGS = (
@@ -357,6 +391,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return daemon.serve(cfg)
         if args.command == "import-cagent":
             return _import_cagent(args, cfg)
+        if args.command == "export" and args.address:
+            return admin.Online(args, cfg, sys.stdout).run()
         if args.command in _OFFLINE:
             return _offline(args, cfg)
         if args.command == "health":

@@ -127,6 +127,9 @@ class ServerSettings:
     durability: str = "normal"
     busy_timeout_ms: int = 5000
     max_workers: int = 16
+    # ExportMemories streams at once: each holds a worker and a connection
+    # while it runs; one more is refused (RESOURCE_EXHAUSTED, EXPORTS_BUSY).
+    max_concurrent_exports: int = 2
     log_level: str = "info"
     # OpenTelemetry traces (the tracing extra): off, or otlp to export them
     # where the OTEL_EXPORTER_OTLP_* variables say (sidecar.tracing).

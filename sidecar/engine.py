@@ -41,6 +41,7 @@ from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
 from sidecar.expiry import Expiry
+from sidecar.exports import Exports
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
@@ -138,6 +139,7 @@ class MemoryEngine:
         self._snapshots = Snapshots(self.partitions, self.tokens)
         self._queries = Queries(self._metrics, self.semantic)
         self._turns = Turns(self._queries, self.tokens)
+        self.exports = Exports(store, config.server.max_concurrent_exports)
         # A cached partition nobody has used for this long is let go (and
         # with it everything kept for its owner).
         self._partition_ttl = max(

@@ -374,6 +374,8 @@ class Sidecar:
         api_stopped.wait()
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
+        # A cancelled export lets go of its read at its next response.
+        self.engine.exports.drain(max(grace, 1.0))
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC
 from typing import Any
 
@@ -30,6 +30,7 @@ from sidecar.config import AgentSettings
 from sidecar.engine import MemoryEngine
 from sidecar.errors import InvalidArgument
 from sidecar.expiry import Requested
+from sidecar.export_stream import ExportStream
 from sidecar.limits import Limits, checked, counted
 from sidecar.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
 from sidecar.tools import Tools, arguments_of
@@ -161,6 +162,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         # that render the same (every empty scope's, say) share one message,
         # which costs about a kilobyte.
         self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
+        self._export = ExportStream(engine, limits, read_tiers)
 
     # --- request fields -----------------------------------------------------
 
@@ -458,3 +460,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             is_error=result.is_error,
             structured_json=json.dumps(result.structured),
         )
+
+    def ExportMemories(
+        self, request: pb.ExportMemoriesRequest, context: Any
+    ) -> Iterator[pb.ExportMemoriesResponse]:
+        return self._export(request, context)

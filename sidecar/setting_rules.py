@@ -59,6 +59,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "durability": _one_of("normal", "full"),
     "busy_timeout_ms": _at_least(0),
     "max_workers": _at_least(1),
+    "max_concurrent_exports": _at_least(1),
     "partition_cache_size": _at_least(1),
     "partition_cache_bytes": _at_least(0),
     "compact_tier_entries": _at_least(0),

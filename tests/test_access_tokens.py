@@ -74,12 +74,25 @@ def requests(scope: pb.Scope, memory_id: str) -> dict[str, Any]:
             name="memory",
             arguments_json='{"action": "add", "content": "sneaked in by a tool"}',
         ),
+        "ExportMemories": pb.ExportMemoriesRequest(scope=scope),
         "DeleteMemory": pb.DeleteMemoryRequest(scope=scope, id=memory_id),
     }
 
 
+_STREAMS = {
+    m.name for m in pb.DESCRIPTOR.services_by_name["MemoryService"].methods if m.server_streaming
+}
+
+
 def call(running: Running, method: str, request: Any, token: str) -> Any:
-    return getattr(running.stub, method)(request, metadata=with_token(token), timeout=10)
+    response = getattr(running.stub, method)(request, metadata=with_token(token), timeout=10)
+    if method not in _STREAMS:
+        return response
+    # A stream is refused (or not) at its first response.
+    try:
+        return next(response)
+    finally:
+        response.cancel()
 
 
 def _code(function: Any, *args: Any) -> grpc.StatusCode | None:
@@ -98,14 +111,14 @@ def contents(running: Running, scope: pb.Scope) -> list[str]:
 
 
 def test_every_rpc_is_covered_and_unary() -> None:
-    # The interceptor hands the grant only to unary handlers: a streaming
-    # RPC would need it too, and this test (and `requests`) to cover it.
+    # The interceptor hands the grant to unary and server-streaming handlers
+    # only: a client-streaming RPC would need it too, and this test (and
+    # `requests`) to cover it.
     service = pb.DESCRIPTOR.services_by_name["MemoryService"]
     assert service.full_name == SERVICE_NAME
     assert {m.name for m in service.methods} == set(requests(pb.Scope(), ""))
     for method in service.methods:
         assert not method.client_streaming, method.name
-        assert not method.server_streaming, method.name
 
 
 def test_a_token_addresses_its_own_agents_scopes(
