@@ -54,6 +54,7 @@ from sidecar.store import Store, Wanted
 from sidecar.tokens import TokenCounter
 from sidecar.turns import Injection, Turns, enabled_tiers
 from sidecar.vector_store import Vector
+from sidecar.watches import Watches
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,10 @@ class MemoryEngine:
         )
         # Without a feed this engine assumes it is the database's only writer.
         self.feed = self.partitions.feed
+        self.watches = Watches(
+            store.events, config.server, verified=lambda: self.partitions.verified
+        )
+        self.partitions.on_generation = self.watches.wake
         self._snapshots = Snapshots(self.partitions, self.tokens)
         self._queries = Queries(self._metrics, self.semantic)
         self._turns = Turns(self._queries, self.tokens)

@@ -87,6 +87,9 @@ class Partitions:
                 heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
             )
             metrics.watch_feed(self.feed)
+        # Told of every generation this process writes or hears of: the one
+        # place both arrive (sidecar.watches wakes its streams).
+        self.on_generation: Callable[[PartitionKey, int], None] | None = None
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -112,8 +115,11 @@ class Partitions:
 
     def heard(self, owner: str, tier: str, generation: int) -> None:
         """The change feed's news: some process wrote this partition."""
-        if self.generations.observe_remote((Tier(tier), owner), generation):
+        key = (Tier(tier), owner)
+        if self.generations.observe_remote(key, generation):
             self._remote_writes.inc()
+        if self.on_generation is not None:
+            self.on_generation(key, generation)
 
     def verify(self, keys: Iterable[PartitionKey]) -> None:
         """Without a verified feed, learn the partitions' generations from the database."""
@@ -238,6 +244,8 @@ class Partitions:
             return
         cached = self._cache.get(key)
         self.generations.observe(key, written.generation)
+        if self.on_generation is not None:
+            self.on_generation(key, written.generation)
         if cached is not None and cached.generation == written.previous:
             # StopIteration or None: the entry was not in the cached
             # partition, or it was not the newest of its storage; it reloads.

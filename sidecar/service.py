@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import access, paging, tokens
+from sidecar import access, paging, tokens, watching
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -436,3 +436,10 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             is_error=result.is_error,
             structured_json=json.dumps(result.structured),
         )
+
+    def WatchMemories(
+        self, request: pb.WatchMemoriesRequest, context: Any
+    ) -> Iterator[pb.WatchMemoriesResponse]:
+        # A generator: the scope is checked at the first step, under the grant.
+        scope, tiers = self._scope(request.scope), read_tiers(request.tier)
+        yield from watching.stream(self._engine.watches, scope, tiers, request, context, memory_pb)

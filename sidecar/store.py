@@ -38,6 +38,7 @@ from sidecar.errors import (
     FailedPrecondition,
     InvalidArgument,
 )
+from sidecar.event_log import EventLog
 from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.schema import _Row
@@ -128,6 +129,7 @@ class Store:
         self.tables = Tables(self._backend)
         self.indexes = IndexStore(self.tables)
         self.vectors = VectorStore(self.tables)
+        self.events = EventLog(self.tables)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
