@@ -190,19 +190,25 @@ class Watch:
                     metadata={"after_generation": after, "newest_generation": newest},
                 )
             cursor = after
+        # Events up to here were logged before the watch began: catching up
+        # on them is never "too slow", however many there are.
+        began: int | None = None
         while True:
             self.signal.clear()
             through = log_.settled(self.keys)
+            began = through if began is None else began
             while cursor < through:
                 batch = log_.read(self.keys, cursor, through, hub.batch)
                 if batch.horizon > cursor:
                     raise _pruned(cursor, batch.horizon)
                 yield from batch.events
                 cursor = batch.through
-                # Every send of the batch has returned: how far behind is it?
-                # Without news since, only what the batch left; else count.
-                if cursor < through or self.signal.is_set() or not hub.verified():
-                    behind = log_.backlog(self.keys, cursor, hub.buffer + 1)
+                # Every send of the batch has returned. With news since it
+                # was read (or none to trust), count what was logged after
+                # the watch began and not sent yet: the bounded buffer a
+                # watcher that keeps up never fills.
+                if self.signal.is_set() or not hub.verified():
+                    behind = log_.backlog(self.keys, max(cursor, began), hub.buffer + 1)
                     if behind > hub.buffer:
                         raise _too_slow(cursor, hub.buffer)
             if not self._wait(cursor):

@@ -74,12 +74,19 @@ def requests(scope: pb.Scope, memory_id: str) -> dict[str, Any]:
             name="memory",
             arguments_json='{"action": "add", "content": "sneaked in by a tool"}',
         ),
+        "WatchMemories": pb.WatchMemoriesRequest(scope=scope),
         "DeleteMemory": pb.DeleteMemoryRequest(scope=scope, id=memory_id),
     }
 
 
 def call(running: Running, method: str, request: Any, token: str) -> Any:
-    return getattr(running.stub, method)(request, metadata=with_token(token), timeout=10)
+    answer = getattr(running.stub, method)(request, metadata=with_token(token), timeout=10)
+    if pb.DESCRIPTOR.services_by_name["MemoryService"].methods_by_name[method].server_streaming:
+        # A stream answers, or is refused, with its first response.
+        first = next(answer)
+        answer.cancel()
+        return first
+    return answer
 
 
 def _code(function: Any, *args: Any) -> grpc.StatusCode | None:
@@ -98,14 +105,14 @@ def contents(running: Running, scope: pb.Scope) -> list[str]:
 
 
 def test_every_rpc_is_covered_and_unary() -> None:
-    # The interceptor hands the grant only to unary handlers: a streaming
-    # RPC would need it too, and this test (and `requests`) to cover it.
+    # The interceptor hands the grant to unary and server-streaming handlers
+    # only: a client-streaming RPC would need it too, and this test (and
+    # `requests`) to cover it.
     service = pb.DESCRIPTOR.services_by_name["MemoryService"]
     assert service.full_name == SERVICE_NAME
     assert {m.name for m in service.methods} == set(requests(pb.Scope(), ""))
     for method in service.methods:
         assert not method.client_streaming, method.name
-        assert not method.server_streaming, method.name
 
 
 def test_a_token_addresses_its_own_agents_scopes(
