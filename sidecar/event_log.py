@@ -89,8 +89,11 @@ class EventLog:
                 # need not wait for the WAL to reach the disk (nothing is
                 # lost with it but the locks, which end with it anyway).
                 self._db.execute_sql("SET LOCAL synchronous_commit TO OFF")
-                for tier, owner in keys:
-                    self._share(owner, tier.value)
+                # In (owner, tier) order: a write that locks several
+                # partitions (an erasure) must take them in this order too,
+                # or the two may deadlock (PostgreSQL then fails one).
+                for owner, tier in sorted((owner, tier.value) for tier, owner in keys):
+                    self._share(owner, tier)
                 return int(self._db.execute_sql(newest).fetchone()[0])
 
     def _share(self, owner: str, tier: str) -> None:
