@@ -29,6 +29,9 @@ from bench.measure import SCOPE, Report, Row, daemon, pct, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 
+# Every sample adds an entry: no budget to run out of.
+UNLIMITED = "defaults:\n  memory_char_limit: 0\n"
+
 
 class Heard:
     """Arrival times (perf_counter) of a watch's ADD events, by id."""
@@ -103,8 +106,8 @@ def bench_watch_delay(report: Report, work: Path, cluster: Any, samples: int) ->
         targets.append(("PostgreSQL (two replicas)", work / "watch-pg.db", cluster.new_database()))
     for name, db, dsn in targets:
         with (
-            daemon(db, dsn=dsn) as a,
-            daemon(db.with_name(db.stem + "-b.db"), dsn=dsn or str(db)) as b,
+            daemon(db, UNLIMITED, dsn=dsn) as a,
+            daemon(db.with_name(db.stem + "-b.db"), UNLIMITED, dsn=dsn or str(db)) as b,
             grpc.insecure_channel(a.api) as channel_a,
             grpc.insecure_channel(b.api) as channel_b,
         ):
