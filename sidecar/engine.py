@@ -134,9 +134,7 @@ class MemoryEngine:
         )
         # Without a feed this engine assumes it is the database's only writer.
         self.feed = self.partitions.feed
-        self.watches = Watches(
-            store.events, config.server, verified=lambda: self.partitions.verified
-        )
+        self.watches = Watches(store.events, config.server, self._metrics, self.partitions)
         self.partitions.on_generation = self.watches.wake
         self._snapshots = Snapshots(self.partitions, self.tokens)
         self._queries = Queries(self._metrics, self.semantic)

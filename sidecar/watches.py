@@ -35,15 +35,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from sidecar.clock import Clock, system_clock, to_micros
 from sidecar.config import ServerSettings
 from sidecar.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from sidecar.event_log import Event, EventLog
 from sidecar.memory import Scope, Tier
+from sidecar.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,13 @@ BATCH_EVENTS = 256
 # stop when nothing wakes it; with an unverified feed, how often it polls.
 IDLE_SECONDS = 1.0
 POLL_SECONDS = 0.25
+
+
+class Verifying(Protocol):
+    """What says whether the change feed can be trusted (sidecar.partitions)."""
+
+    @property
+    def verified(self) -> bool: ...
 
 
 class Sync(NamedTuple):
@@ -69,23 +77,31 @@ class Watches:
         self,
         events: EventLog,
         server: ServerSettings,
+        metrics: Metrics | None = None,
+        feed: Verifying | None = None,
         *,
-        verified: Callable[[], bool] = lambda: True,
         clock: Clock = system_clock,
     ) -> None:
         self.log = events
         self.limit = server.watch_limit
         self.buffer = server.watch_buffer_events
         self.batch = min(self.buffer, BATCH_EVENTS)
-        self.verified = verified
+        # Whether news of other processes' writes can be trusted (the
+        # engine's partitions); without it this process is the only writer.
+        self._feed = feed
         self._lock = threading.Lock()
         self._by_key: dict[Key, set[Watch]] = {}
         self._open: set[Watch] = set()
         self._stopping = False
         self.retention = Retention(events, server.event_retention_seconds, clock=clock)
+        if metrics is not None:
+            metrics.watches_open.set_function(lambda: len(self._open))
 
     def __len__(self) -> int:
         return len(self._open)
+
+    def verified(self) -> bool:
+        return self._feed is None or self._feed.verified
 
     def wake(self, key: Key, generation: int) -> None:
         """A partition's generation changed (sidecar.partitions calls this on
@@ -203,6 +219,10 @@ class Watch:
                     raise _pruned(cursor, batch.horizon)
                 yield from batch.events
                 cursor = batch.through
+                if self.cancelled:
+                    return
+                if hub.stopping:
+                    raise _stopping(cursor)
                 # Every send of the batch has returned. With news since it
                 # was read (or none to trust), count what was logged after
                 # the watch began and not sent yet: the bounded buffer a

@@ -300,10 +300,11 @@ def test_watches_beyond_the_cap_are_refused_and_a_cancelled_one_frees_its_slot(
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     info = error_info(error)
     assert (info.reason, info.metadata["max_watches"]) == ("WATCHES_EXHAUSTED", "1")
+    registry = running.sidecar.metrics.registry
+    assert registry.get_sample_value("memory_watches_open") == 1
     first.close()
-    hub = running.sidecar.engine.watches
     deadline = time.monotonic() + WAIT_SECONDS
-    while len(hub):
+    while registry.get_sample_value("memory_watches_open"):
         assert time.monotonic() < deadline, "the cancelled watch never let go of its slot"
         time.sleep(0.01)
     synced(watchers, running.stub)

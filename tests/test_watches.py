@@ -36,11 +36,13 @@ def add(store: Store, content: str) -> str:
 def test_without_a_verified_feed_a_watch_polls_the_log(store: Store) -> None:
     waiting = threading.Event()
 
-    def unverified() -> bool:
-        waiting.set()  # asked as the watch goes to sleep
-        return False
+    class Unverified:
+        @property
+        def verified(self) -> bool:
+            waiting.set()  # asked as the watch goes to sleep
+            return False
 
-    hub = Watches(store.events, ServerSettings(), verified=unverified)
+    hub = Watches(store.events, ServerSettings(), feed=Unverified())
     with hub.open(SCOPE, list(Tier)) as watch:
         events = watch.events(0)
         assert isinstance(next(events), Sync)
