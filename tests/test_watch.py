@@ -20,6 +20,7 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.memory import Tier
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -326,3 +327,28 @@ def test_the_servers_stop_ends_its_watches_with_where_to_resume(
     assert (info.reason, info.metadata["resume_generation"]) == ("SERVER_STOPPING", str(synced_at))
     stopping.join(WAIT_SECONDS)
     assert not stopping.is_alive()
+
+
+def test_the_sweeps_and_erasures_events_reach_watchers_through_the_feed(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    note = running.add("expires soon", scope=SCOPE).memory
+    watcher, _ = synced(watchers, running.stub)
+    # As the expiry sweep and an erasure log theirs: straight through the
+    # store, past the engine, so only the change feed wakes the watch.
+    store = running.store
+    for owner, tier, kind, memory_id in (
+        ("coder", Tier.MEMORY, "expire", note.id),
+        ("ada", Tier.USER, "erase", ""),
+    ):
+        with store._db.connection_context(), store._backend.write_transaction():
+            state = store._backend.lock_partition(owner, tier.value)
+            generation = store._backend.advance(
+                owner, tier.value, state.content_chars, state.entry_count
+            )
+            store.tables.logged(owner, tier, generation, kind, memory_id, 0)
+    assert [(e.kind, e.tier, e.id, e.HasField("memory")) for e in watcher.take(2)] == [
+        (K.KIND_EXPIRE, pb.TIER_MEMORY, note.id, False),
+        (K.KIND_ERASE, pb.TIER_USER, "", False),
+    ]
