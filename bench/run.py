@@ -9,7 +9,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 
 This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
-bench/exports.py for 21), measuring with bench/measure.py; bench/report.py writes the report.
+bench/exports.py for 21, bench/watch_delay.py for 22), measuring with bench/measure.py;
+bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench.search import bench_search
 from bench.semantic import bench_semantic
 from bench.tool_calls import bench_tool_calls
 from bench.turns import bench_floor_and_cached_turn
+from bench.watch_delay import bench_watch_delay
 from bench.writes import bench_writes
 
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 22))
+        only = set(args.only or range(1, 23))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             bench_exports(
                 report, Path(tmp), corpus, 10_000 if quick else 100_000, 1 if quick else 3
             )
+    if 22 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
+            bench_watch_delay(report, Path(tmp), pg, 50 if quick else 500)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

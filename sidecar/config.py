@@ -130,6 +130,16 @@ class ServerSettings:
     # ExportMemories streams at once: each holds a worker and a connection
     # while it runs; one more is refused (RESOURCE_EXHAUSTED, EXPORTS_BUSY).
     max_concurrent_exports: int = 2
+    # WatchMemories streams at once, each holding a worker thread: 0 means
+    # a quarter of max_workers, at least 1 (see watch_limit).
+    max_watches: int = 0
+    # A watcher that falls further behind than this many events is ended
+    # with WATCH_TOO_SLOW and the generation to resume from.
+    watch_buffer_events: int = 1000
+    # How long the event log keeps events for watchers to resume (7 days:
+    # a mirror offline over a long weekend resumes instead of exporting
+    # again); 0 keeps them forever.
+    event_retention_seconds: int = 7 * 24 * 3600
     log_level: str = "info"
     # OpenTelemetry traces (the tracing extra): off, or otlp to export them
     # where the OTEL_EXPORTER_OTLP_* variables say (sidecar.tracing).
@@ -192,6 +202,10 @@ class ServerSettings:
     db_password: str = field(default="", repr=False)
     # Resolved from the variable semantic_api_key_env names; never printed.
     semantic_api_key: str = field(default="", repr=False)
+
+    @property
+    def watch_limit(self) -> int:
+        return self.max_watches or max(1, self.max_workers // 4)
 
     def limits(self) -> Limits:
         return Limits(

@@ -56,6 +56,7 @@ from sidecar.store import Store, Wanted
 from sidecar.tokens import TokenCounter
 from sidecar.turns import Injection, Turns, enabled_tiers
 from sidecar.vector_store import Vector
+from sidecar.watches import Watches
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,8 @@ class MemoryEngine:
         # Without a feed this engine assumes it is the database's only writer.
         self.feed = self.partitions.feed
         self.expiry = Expiry(config, store, self.partitions, batch=config.server.expiry_sweep_batch)
+        self.watches = Watches(store.events, config.server, self._metrics, self.partitions)
+        self.partitions.on_generation = self.watches.wake
         self._snapshots = Snapshots(self.partitions, self.tokens)
         self._queries = Queries(self._metrics, self.semantic)
         self._turns = Turns(self._queries, self.tokens)

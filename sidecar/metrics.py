@@ -105,6 +105,9 @@ class Metrics:
         self.sessions_active = Gauge(
             "memory_sessions_active", "Sessions holding a snapshot.", registry=r
         )
+        self.watches_open = Gauge(
+            "memory_watches_open", "WatchMemories streams open (server.max_watches).", registry=r
+        )
         self.partition_cache_bytes = Gauge(
             "memory_partition_cache_bytes",
             "Estimated bytes of the tiers kept indexed in memory (server.partition_cache_bytes).",

@@ -95,6 +95,9 @@ class Partitions:
                 heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
             )
             metrics.watch_feed(self.feed)
+        # Told of every generation this process writes or hears of: the one
+        # place both arrive (sidecar.watches wakes its streams).
+        self.on_generation: Callable[[PartitionKey, int], None] | None = None
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -120,8 +123,11 @@ class Partitions:
 
     def heard(self, owner: str, tier: str, generation: int) -> None:
         """The change feed's news: some process wrote this partition."""
-        if self.generations.observe_remote((Tier(tier), owner), generation):
+        key = (Tier(tier), owner)
+        if self.generations.observe_remote(key, generation):
             self._remote_writes.inc()
+        if self.on_generation is not None:
+            self.on_generation(key, generation)
 
     def verify(self, keys: Iterable[PartitionKey]) -> None:
         """Without a verified feed, learn the partitions' generations from the database."""
@@ -252,6 +258,8 @@ class Partitions:
             # The write first removed expired entries: a compact partition
             # takes them out as the sweep's (a full one reloads without them).
             cached = self._without(key, cached, written.expired, written.previous)
+        if self.on_generation is not None:
+            self.on_generation(key, written.generation)
         if cached is not None and cached.generation == written.previous:
             # StopIteration or None: the entry was not in the cached
             # partition, or it was not the newest of its storage; it reloads.
@@ -275,6 +283,8 @@ class Partitions:
             return
         cached = self._cache.get(key)
         self.generations.observe(key, swept.generation)
+        if self.on_generation is not None:
+            self.on_generation(key, swept.generation)
         if isinstance(cached, CompactPartition) and cached.generation == swept.previous:
             changed = cached.removed([r.seq for r in swept.removed], swept.generation, swept.usage)
             if changed is not None:

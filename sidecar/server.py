@@ -346,6 +346,7 @@ class Sidecar:
         self._janitor.start()
         if server.expiry_sweep_seconds:
             self._expiry.start()
+        self.engine.watches.start()  # the event log's retention
         if self.engine.semantic is not None:
             self.engine.semantic.start()  # embeds entries stored without a vector
         for service in ("", SERVICE_NAME):
@@ -367,6 +368,8 @@ class Sidecar:
         # API drains; the health listener stays up until the API is done.
         self.health.enter_graceful_shutdown()
         grace = self.config.server.grace_seconds if grace is None else grace
+        # Watches never end on their own: end them now, not after the grace.
+        self.engine.watches.stop()
         # Both drain at once: MCP requests are served by the same engine.
         api_stopped = self._api.stop(grace)
         if self._mcp is not None:

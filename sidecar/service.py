@@ -22,7 +22,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import access, paging, tokens
+from sidecar import access, paging, tokens, watching
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -465,3 +465,10 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         self, request: pb.ExportMemoriesRequest, context: Any
     ) -> Iterator[pb.ExportMemoriesResponse]:
         return self._export(request, context)
+
+    def WatchMemories(
+        self, request: pb.WatchMemoriesRequest, context: Any
+    ) -> Iterator[pb.WatchMemoriesResponse]:
+        # A generator: the scope is checked at the first step, under the grant.
+        scope, tiers = self._scope(request.scope), read_tiers(request.tier)
+        yield from watching.stream(self._engine.watches, scope, tiers, request, context, memory_pb)

@@ -38,6 +38,7 @@ from sidecar.errors import (
     FailedPrecondition,
     InvalidArgument,
 )
+from sidecar.event_log import EventLog
 from sidecar.expiry_store import Expired, ExpiryStore, advance, purge, purge_edited
 from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
@@ -132,6 +133,7 @@ class Store:
         self.indexes = IndexStore(self.tables)
         self.expiry = ExpiryStore(self.tables)
         self.vectors = VectorStore(self.tables)
+        self.events = EventLog(self.tables)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))

@@ -75,6 +75,7 @@ def requests(scope: pb.Scope, memory_id: str) -> dict[str, Any]:
             arguments_json='{"action": "add", "content": "sneaked in by a tool"}',
         ),
         "ExportMemories": pb.ExportMemoriesRequest(scope=scope),
+        "WatchMemories": pb.WatchMemoriesRequest(scope=scope),
         "DeleteMemory": pb.DeleteMemoryRequest(scope=scope, id=memory_id),
     }
 

@@ -1,0 +1,354 @@
+"""WatchMemories: a scope's changes in generation order, resumable, live
+across replicas and processes, with a bounded lag, a retention horizon and
+a cap on streams.
+
+Every test runs on both backends. A watcher reads its stream on a thread of
+its own into a queue; waits are liveness bounds, never timing claims.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import pytest
+
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.memory import Tier
+from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
+
+pytestmark = pytest.mark.contract
+
+SCOPE = pb.Scope(agent_id="coder", user_id="ada")
+WAIT_SECONDS = 20.0
+K = pb.MemoryEvent
+# Budgets off: the slow-consumer test writes large entries.
+UNLIMITED = "defaults:\n  memory_char_limit: 0\n  user_char_limit: 0\n"
+
+
+class Watcher:
+    """One WatchMemories stream, read on a thread into a queue."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.MemoryServiceStub,
+        after: int = 0,
+        *,
+        scope: pb.Scope = SCOPE,
+        tier: int = pb.TIER_UNSPECIFIED,
+        read: bool = True,
+    ) -> None:
+        self.call = stub.WatchMemories(
+            pb.WatchMemoriesRequest(scope=scope, tier=tier, after_generation=after)
+        )
+        self.queue: queue.Queue[pb.MemoryEvent | grpc.RpcError] = queue.Queue()
+        # Cleared: the stream is not read until `resume_reading`.
+        self._reading = threading.Event()
+        if read:
+            self._reading.set()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        self._reading.wait()
+        try:
+            for response in self.call:
+                self.queue.put(response.event)
+        except grpc.RpcError as error:
+            self.queue.put(error)
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def next(self) -> pb.MemoryEvent:
+        item = self.queue.get(timeout=WAIT_SECONDS)
+        if isinstance(item, grpc.RpcError):
+            raise item
+        return item
+
+    def take(self, count: int) -> list[pb.MemoryEvent]:
+        return [self.next() for _ in range(count)]
+
+    def drain(self) -> tuple[list[pb.MemoryEvent], grpc.RpcError]:
+        """The events still to come, and the status the stream ends with."""
+        events = []
+        while True:
+            item = self.queue.get(timeout=WAIT_SECONDS)
+            if isinstance(item, grpc.RpcError):
+                return events, item
+            events.append(item)
+
+    def close(self) -> None:
+        self.call.cancel()
+        self._reading.set()
+        self._thread.join(timeout=WAIT_SECONDS)
+
+
+@pytest.fixture
+def watchers() -> Any:
+    opened: list[Watcher] = []
+
+    def watch(stub: pb_grpc.MemoryServiceStub, after: int = 0, **kwargs: Any) -> Watcher:
+        watcher = Watcher(stub, after, **kwargs)
+        opened.append(watcher)
+        return watcher
+
+    yield watch
+    for watcher in opened:
+        watcher.close()
+
+
+Watch = Callable[..., Watcher]
+
+
+def synced(watch: Watch, stub: pb_grpc.MemoryServiceStub, **kwargs: Any) -> tuple[Watcher, int]:
+    """A watch from now on, and the generation its SYNC names."""
+    watcher = watch(stub, **kwargs)
+    first = watcher.next()
+    assert first.kind == K.KIND_SYNC
+    return watcher, first.generation
+
+
+def write_some(running: Running, tag: str = "") -> list[tuple[int, str]]:
+    """Adds, an update and a delete over both tiers: the (kind, id) each
+    logs, in order."""
+    note = running.add(f"The repo uses uv{tag}", scope=SCOPE).memory
+    profile = running.add(f"Ada prefers short answers{tag}", scope=SCOPE, tier=pb.TIER_USER).memory
+    running.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(scope=SCOPE, id=note.id, content=f"The repo uses uv and ruff{tag}")
+    )
+    running.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=profile.id))
+    return [
+        (K.KIND_ADD, note.id),
+        (K.KIND_ADD, profile.id),
+        (K.KIND_UPDATE, note.id),
+        (K.KIND_DELETE, profile.id),
+    ]
+
+
+def test_changes_arrive_in_generation_order_with_what_they_changed(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    running.add("written before the watch", scope=SCOPE)
+    # Another scope's writes are not this watch's business.
+    other = pb.Scope(agent_id="reviewer", user_id="bob")
+    watcher, synced_at = synced(watchers, running.stub)
+    running.add("someone else's note", scope=other)
+    expected = write_some(running)
+    events = watcher.take(len(expected))
+    assert [(e.kind, e.id) for e in events] == expected
+    generations = [e.generation for e in events]
+    assert synced_at < generations[0]
+    assert generations == sorted(set(generations))
+    # An entry that changed again since is sent as it is now: the first
+    # add may carry the update's content, which the update event repeats.
+    assert events[0].memory.content in ("The repo uses uv", "The repo uses uv and ruff")
+    assert events[0].tier == pb.TIER_MEMORY
+    assert events[1].tier == pb.TIER_USER
+    assert events[2].memory.content == "The repo uses uv and ruff"
+    assert not events[3].HasField("memory")
+    assert watcher.queue.empty()
+
+
+def test_one_tier_only(make_sidecar: MakeSidecar, watchers: Watch) -> None:
+    running = make_sidecar()
+    watcher, _ = synced(watchers, running.stub, tier=pb.TIER_USER)
+    written = write_some(running)
+    expected = [written[1], written[3]]  # the profile's add and delete
+    assert [(e.kind, e.id) for e in watcher.take(2)] == expected
+
+
+def test_a_resume_misses_nothing_and_repeats_nothing(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    # A database never written has generation 0, which means "from now on".
+    running.add("written before the watch", scope=SCOPE)
+    first, synced_at = synced(watchers, running.stub)
+    assert synced_at > 0
+    expected = write_some(running)
+    received = first.take(2)
+    first.close()
+    # Written while nobody watched.
+    expected += write_some(running, " (again)")
+    again = watchers(running.stub, received[-1].generation)
+    rest = again.take(len(expected) - 2)
+    assert [(e.kind, e.id) for e in received + rest] == expected
+    # From the SYNC's generation: everything since the first watch began.
+    whole = watchers(running.stub, synced_at).take(len(expected))
+    assert [(e.kind, e.id) for e in whole] == expected
+    assert [e.generation for e in whole] == [e.generation for e in received + rest]
+
+
+def test_from_now_sends_sync_then_only_what_follows(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    write_some(running)
+    watcher, synced_at = synced(watchers, running.stub)
+    added = running.add("The deploy is on Fridays", scope=SCOPE)
+    event = watcher.next()
+    assert (event.kind, event.id) == (K.KIND_ADD, added.memory.id)
+    assert event.generation > synced_at
+
+
+def test_a_watcher_on_one_replica_sees_writes_made_on_another(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    a, b = make_sidecar(), make_sidecar()
+    watcher, _ = synced(watchers, b.stub)
+    expected = write_some(a)
+    assert [(e.kind, e.id) for e in watcher.take(len(expected))] == expected
+
+
+def test_a_watcher_sees_writes_another_process_made(
+    make_sidecar: MakeSidecar, databases: Callable[[str], str], watchers: Watch
+) -> None:
+    db = databases("shared.db")
+    watching = make_sidecar(db=db)
+    watcher, _ = synced(watchers, watching.stub)
+    writer = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
+    try:
+        channel = grpc.insecure_channel(writer.api)
+        stub = pb_grpc.MemoryServiceStub(channel)
+        added = stub.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content="uv"), timeout=10)
+        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=10)
+        events = watcher.take(2)
+        assert [(e.kind, e.id) for e in events] == [
+            (K.KIND_ADD, added.memory.id),
+            (K.KIND_DELETE, added.memory.id),
+        ]
+        channel.close()
+    finally:
+        writer.close()
+
+
+def test_a_slow_consumer_is_ended_with_a_generation_that_resumes(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar(UNLIMITED, watch_buffer_events=5)
+    # A stream nobody reads: once its flow-control window is full (64 KiB,
+    # kept at that without BDP probing; these entries are 8,000 characters
+    # each) the server's sends block, and the writes below pile up.
+    channel = grpc.insecure_channel(running.addresses.api, options=[("grpc.http2.bdp_probe", 0)])
+    watcher = watchers(pb_grpc.MemoryServiceStub(channel), read=False)
+    ids = [running.add(f"{n} " + "x" * 8000, scope=SCOPE).memory.id for n in range(40)]
+    watcher.resume_reading()
+    events, error = watcher.drain()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    info = error_info(error)
+    assert info.reason == "WATCH_TOO_SLOW"
+    resume = int(info.metadata["resume_generation"])
+    # The last generation it received, whole.
+    assert resume == events[-1].generation
+    received = [e.id for e in events if e.kind != K.KIND_SYNC]
+    assert len(received) < len(ids)
+    rest = watchers(running.stub, resume).take(len(ids) - len(received))
+    assert received + [e.id for e in rest] == ids
+    channel.close()
+
+
+def test_a_resume_from_before_the_horizon_is_refused(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    old = running.add("logged long ago", scope=SCOPE).memory
+    first = watchers(running.stub, 0)
+    synced_at = first.next().generation
+    running.add("logged since", scope=SCOPE)
+    # Eight days on, the week's retention prunes what was logged before.
+    retention = running.sidecar.engine.watches.retention
+    assert retention.run_once(datetime.now(UTC) + timedelta(days=8)) == 2
+    error = refused(lambda: watchers(running.stub, 1).next())
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(error)
+    assert info.reason == "WATCH_GENERATION_PRUNED"
+    horizon = int(info.metadata["oldest_resumable_generation"])
+    assert horizon > synced_at
+    assert "export" in error.details().lower()
+    # From the horizon on, the stream goes on as usual.
+    later = running.add("logged after the pruning", scope=SCOPE).memory
+    event = watchers(running.stub, horizon).next()
+    assert (event.kind, event.id) == (K.KIND_ADD, later.id)
+    assert old.id != later.id
+
+
+def test_a_resume_from_another_databases_future_is_refused(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    running.add("one entry", scope=SCOPE)
+    error = refused(lambda: watchers(running.stub, 10**12).next())
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(error).reason == "WATCH_GENERATION_AHEAD"
+    error = refused(lambda: watchers(running.stub, -1).next())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_watches_beyond_the_cap_are_refused_and_a_cancelled_one_frees_its_slot(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar(max_watches=1)
+    first, _ = synced(watchers, running.stub)
+    error = refused(lambda: watchers(running.stub).next())
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    info = error_info(error)
+    assert (info.reason, info.metadata["max_watches"]) == ("WATCHES_EXHAUSTED", "1")
+    registry = running.sidecar.metrics.registry
+    assert registry.get_sample_value("memory_watches_open") == 1
+    first.close()
+    deadline = time.monotonic() + WAIT_SECONDS
+    while registry.get_sample_value("memory_watches_open"):
+        assert time.monotonic() < deadline, "the cancelled watch never let go of its slot"
+        time.sleep(0.01)
+    synced(watchers, running.stub)
+
+
+def test_the_servers_stop_ends_its_watches_with_where_to_resume(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    running.add("one entry", scope=SCOPE)
+    watcher, synced_at = synced(watchers, running.stub)
+    # A grace long enough that only the watches' own ending lets it return.
+    stopping = threading.Thread(target=running.sidecar.stop, kwargs={"grace": 600})
+    stopping.start()
+    events, error = watcher.drain()
+    assert events == []
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    info = error_info(error)
+    assert (info.reason, info.metadata["resume_generation"]) == ("SERVER_STOPPING", str(synced_at))
+    stopping.join(WAIT_SECONDS)
+    assert not stopping.is_alive()
+
+
+def test_the_sweeps_and_erasures_events_reach_watchers_through_the_feed(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    note = running.add("expires soon", scope=SCOPE).memory
+    watcher, _ = synced(watchers, running.stub)
+    # As the expiry sweep and an erasure log theirs: straight through the
+    # store, past the engine, so only the change feed wakes the watch.
+    store = running.store
+    for owner, tier, kind, memory_id in (
+        ("coder", Tier.MEMORY, "expire", note.id),
+        ("ada", Tier.USER, "erase", ""),
+    ):
+        with store._db.connection_context(), store._backend.write_transaction():
+            state = store._backend.lock_partition(owner, tier.value)
+            generation = store._backend.advance(
+                owner, tier.value, state.content_chars, state.entry_count
+            )
+            store.tables.logged(owner, tier, generation, kind, memory_id, 0)
+    assert [(e.kind, e.tier, e.id, e.HasField("memory")) for e in watcher.take(2)] == [
+        (K.KIND_EXPIRE, pb.TIER_MEMORY, note.id, False),
+        (K.KIND_ERASE, pb.TIER_USER, "", False),
+    ]
