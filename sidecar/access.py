@@ -125,6 +125,18 @@ def authorize(scope: Scope) -> None:
         raise refusal
 
 
+def authorize_user(user_id: str) -> None:
+    """Raise PermissionDenied unless the call's grant may address `user_id`,
+    whatever the agent: ForgetUser erases the user's profile, which every
+    agent shares."""
+    grant = _current.get()
+    if grant.users is not None and user_id not in grant.users:
+        raise PermissionDenied(
+            f"this token may not address user_id {user_id!r}; use a token whose grant lists it",
+            metadata={"field": "user_id", "user_id": user_id},
+        )
+
+
 def authorize_erasure(what: str) -> str:
     """The name of the call's token, for the audit log; PermissionDenied
     (ERASE_NOT_GRANTED) unless its grant says `erase: true`."""

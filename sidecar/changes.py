@@ -36,8 +36,10 @@ from sidecar.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-# (owner, tier, generation) of a partition some process has written.
-OnChange = Callable[[str, str, int], None]
+# (owner, tier, generation, erased) of a partition some process has written:
+# erased is the generation of its last erasure (0 for none), so every
+# replica drops what showed erased content (sidecar.erasure).
+OnChange = Callable[[str, str, int, int], None]
 _NEVER = float("-inf")
 
 
@@ -118,8 +120,15 @@ class ChangeFeed(abc.ABC):
                 # wakes the thread at once.
                 self._stop.wait(self.interval)
 
-    def _deliver(self, owner: str, tier: str, generation: int) -> None:
-        self._on_change(owner, tier, generation)
+    @property
+    def settle_seconds(self) -> float:
+        """How long after a commit every feed with these settings has either
+        delivered it or stopped being verified (and then checks the
+        database before trusting its caches): see sidecar.forgetting."""
+        return self._stale_after + self.interval
+
+    def _deliver(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
+        self._on_change(owner, tier, generation, erased)
 
     @abc.abstractmethod
     def _open(self) -> bool:

@@ -40,6 +40,7 @@ from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
+from sidecar.forgetting import Forgetting
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
@@ -151,6 +152,8 @@ class MemoryEngine:
             on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc,
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
+        # ForgetUser and DeleteScope, and letting go of what showed erased content.
+        self.forgetting = Forgetting(store, self.partitions, self._sessions, self.semantic)
         # Labelled children looked up once: a cached turn touches them every time.
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")
@@ -384,7 +387,8 @@ class MemoryEngine:
         hit = (
             view is not None
             and (view.scope is None or view.scope == scope)
-            and (frozen or all(fresh))
+            # A frozen view is never served past an erasure of what it shows.
+            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
         )
         if not hit:
             epoch, compacted = session.epoch, session.compacted

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import access, paging, tokens
+from sidecar import access, erasing, paging, tokens
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -142,6 +143,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         # that render the same (every empty scope's, say) share one message,
         # which costs about a kilobyte.
         self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
+        # They hold rendered content: none outlives an erasure.
+        engine.forgetting.listeners.append(lambda: self._frozen.expire(math.inf))
 
     # --- request fields -----------------------------------------------------
 
@@ -436,3 +439,11 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             is_error=result.is_error,
             structured_json=json.dumps(result.structured),
         )
+
+    def ForgetUser(self, request: pb.ForgetUserRequest, context: Any) -> pb.ForgetUserResponse:
+        return erasing.forget_user(self._engine, self._limits, request)
+
+    def DeleteScope(self, request: pb.DeleteScopeRequest, context: Any) -> pb.DeleteScopeResponse:
+        actor = access.authorize_erasure("DeleteScope")  # before the scope: see sidecar.erasing
+        scope, tiers = self._scope(request.scope), read_tiers(request.tier)
+        return erasing.delete_scope(self._engine, actor, scope, tiers)

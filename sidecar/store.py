@@ -30,6 +30,7 @@ from sidecar._statements import Record
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import Clock, system_clock, to_micros
+from sidecar.erasure import Erasure
 from sidecar.errors import (
     AlreadyExists,
     BudgetExceeded,
@@ -128,6 +129,7 @@ class Store:
         self.tables = Tables(self._backend)
         self.indexes = IndexStore(self.tables)
         self.vectors = VectorStore(self.tables)
+        self.erasure = Erasure(self.tables, clock)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
@@ -182,10 +184,17 @@ class Store:
 
     def generations(self, keys: Iterable[tuple[Tier, str]]) -> dict[tuple[Tier, str], int]:
         """The current generation of each (tier, owner) partition that was ever written."""
+        return {key: generation for key, (generation, _) in self.freshness(keys).items()}
+
+    def freshness(
+        self, keys: Iterable[tuple[Tier, str]]
+    ) -> dict[tuple[Tier, str], tuple[int, int]]:
+        """(generation, generation of its last erasure or 0) of each (tier,
+        owner) partition that was ever written."""
         wanted = {(owner, tier.value): (tier, owner) for tier, owner in keys}
         with self._guard(), self._db.connection_context():
             states = self._backend.states(wanted)
-        return {wanted[key]: state.generation for key, state in states.items()}
+        return {wanted[key]: (state.generation, state.erased) for key, state in states.items()}
 
     def counts(self) -> dict[tuple[Tier, str], int]:
         """Entries per (tier, owner)."""
