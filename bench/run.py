@@ -8,8 +8,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
     python -m bench.run [--quick] [--output docs/BENCHMARKS.md]
 
 This file is the runner: its flags and the order of the sections. Each
-section is a module of its own (bench/turns.py for 1-2 ... bench/near_duplicates.py
-for 18), measuring with bench/measure.py; bench/report.py writes the report.
+section is a module of its own (bench/turns.py for 1-2 ... bench/forget_user.py
+for 20), measuring with bench/measure.py; bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from bench.big_tier_writes import bench_big_tier_writes
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
+from bench.forget_user import bench_forget_user
 from bench.large_tiers import bench_large_tiers
 from bench.mcp_calls import bench_mcp_calls
 from bench.measure import Report, postgres
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 19))
+        only = set(args.only or range(1, 21))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -93,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
             bench_memory(report, work, corpus, 1000 if quick else 10_000)
         if 8 in only:
             bench_prefix_cache(report, work, corpus)
-        if only & {9, 10, 11, 12}:
+        if only & {9, 10, 11, 12, 20}:
             with postgres() as cluster:
                 if cluster is None:
-                    report.notes.append("No PostgreSQL server here: sections 9-12 ran SQLite only.")
+                    report.notes.append(
+                        "No PostgreSQL server here: sections 9-12 and 20 ran SQLite only."
+                    )
                 else:
                     (version,) = cluster.sql("SHOW server_version")[0]
                     report.notes.append(
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                         10_000 if quick else 100_000,
                         50 if quick else 300,
                     )
+                if 20 in only:
+                    bench_forget_user(report, work, cluster, corpus, 2000 if quick else 10_000)
     if 13 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_large_tiers(
