@@ -153,7 +153,9 @@ class MemoryEngine:
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
         # ForgetUser and DeleteScope, and letting go of what showed erased content.
-        self.forgetting = Forgetting(store, self.partitions, self._sessions, self.semantic)
+        self.forgetting = Forgetting(
+            store, self.partitions, self._sessions, self.semantic, self._metrics
+        )
         # Labelled children looked up once: a cached turn touches them every time.
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")

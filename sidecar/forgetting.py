@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from sidecar.erasure import Erased
 from sidecar.memory import Scope, Tier
+from sidecar.metrics import Metrics
 from sidecar.partitions import PartitionKey, Partitions
 from sidecar.semantic import Semantic
 from sidecar.sessions import SessionTable
@@ -55,6 +56,7 @@ class Forgetting:
         partitions: Partitions,
         sessions: SessionTable[View],
         semantic: Semantic | None,
+        metrics: Metrics,
         *,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -63,6 +65,7 @@ class Forgetting:
         self._sessions = sessions
         self._semantic = semantic
         self._sleep = sleep
+        self._dropped = metrics.snapshot_invalidations.labels("erasure")
         # Caches above the domain built from views (the service's prebuilt
         # answers): emptied on every erasure heard.
         self.listeners: list[Callable[[], object]] = []
@@ -130,6 +133,8 @@ class Forgetting:
                 )
 
             dropped = self._sessions.drop_where(showed)
+            if dropped:
+                self._dropped.inc(dropped)
         if self._semantic is not None:
             self._semantic.forget(key)
         for listener in self.listeners:

@@ -191,7 +191,7 @@ class Metrics:
         # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
         for result in ("hit", "miss"):
             self.snapshot_lookups.labels(result)
-        for reason in ("write", "remote_write", "compaction", "session_end", "evicted"):
+        for reason in ("write", "remote_write", "compaction", "session_end", "evicted", "erasure"):
             self.snapshot_invalidations.labels(reason)
         self.feed_verified = Gauge(
             "memory_change_feed_verified",

@@ -149,6 +149,9 @@ def test_sessions_of_this_replica_that_showed_the_user_are_dropped(
     running.turn("bob", scope=pb.Scope(agent_id="coder", user_id="bob"))
     assert forget(running).sessions == 3
     assert running.sidecar.engine.stats().sessions == 1  # bob's
+    registry = running.sidecar.metrics.registry
+    sample = ("memory_snapshot_invalidations_total", {"reason": "erasure"})
+    assert registry.get_sample_value(*sample) == 3
 
 
 # --- what is removed ----------------------------------------------------------
