@@ -326,9 +326,9 @@ def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
             return admin.backup(store, args.destination, sys.stdout)
         if args.command == "check":
             return admin.check(store, sys.stdout, args.json)
+        store.open()  # export, import and audit need the current schema
         if args.command == "audit":
             return admin.audit(store, args.since, args.limit, sys.stdout)
-        store.open()  # export and import need the current schema
         if args.command == "export":
             return admin.export(store, args.destination, sys.stdout)
         compact_from = cfg.server.compact_tier_entries
