@@ -27,7 +27,15 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.memory import Memory, Scope, Tier
 from sidecar.store import Store
-from tests.conftest import MakeSidecar, Running, error_info, refused, run_sidecar, spawn_daemon
+from tests.conftest import (
+    MakeEngine,
+    MakeSidecar,
+    Running,
+    error_info,
+    refused,
+    run_sidecar,
+    spawn_daemon,
+)
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
 
@@ -152,6 +160,36 @@ def test_sessions_of_this_replica_that_showed_the_user_are_dropped(
     registry = running.sidecar.metrics.registry
     sample = ("memory_snapshot_invalidations_total", {"reason": "erasure"})
     assert registry.get_sample_value(*sample) == 3
+
+
+def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEngine) -> None:
+    # A turn that built its view from partitions read before the erasure may
+    # attach it after the sessions were dropped: the frozen block must not
+    # be served from it (nothing here drops sessions, to isolate that check).
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    engine.partitions.on_erased.clear()
+    erasure = engine.forgetting.forget_user("ada", actor="test")
+    assert erasure.sessions == 0  # its session kept its view
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+
+
+def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    seed_and_show(a, b)
+    frozen = pb.Scope(agent_id="frozen", user_id="ada")
+    forget(a)
+    assert not shown(b, "live", SECRET)
+    assert not shown(b, "frozen", SECRET, frozen)
+    before = b.db_queries()
+    assert b.turn("live", scope=ADA).cache_hit
+    assert b.turn("frozen", scope=frozen).cache_hit
+    assert b.db_queries() == before
 
 
 # --- what is removed ----------------------------------------------------------
