@@ -100,6 +100,10 @@ class ChangeFeed(abc.ABC):
         self._close()
 
     def run_once(self) -> None:
+        # A successful cycle proves delivered what was committed before it
+        # began, not before it ended: `verified` then means every write older
+        # than stale_after was delivered (sidecar.forgetting relies on it).
+        started = self._clock()
         try:
             opened = self._open()
             alive = self._cycle() or opened
@@ -110,7 +114,7 @@ class ChangeFeed(abc.ABC):
             self._close()
             return
         if alive:
-            self._last_ok = self._clock()
+            self._last_ok = started
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -124,7 +128,8 @@ class ChangeFeed(abc.ABC):
     def settle_seconds(self) -> float:
         """How long after a commit every feed with these settings has either
         delivered it or stopped being verified (and then checks the
-        database before trusting its caches): see sidecar.forgetting."""
+        database before trusting its caches): stale_after, and one interval
+        more (see sidecar.forgetting.Forgetting.settle)."""
         return self._stale_after + self.interval
 
     def _deliver(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:

@@ -101,18 +101,19 @@ class Forgetting:
         trusting its caches; the seconds waited.
 
         A replica serves from its caches only while its change feed is
-        verified: its last successful cycle is less than `stale_after` old
-        (sidecar.changes). A cycle that succeeded after the commit delivered
-        it (the poller reads every state row past its watermark; NOTIFY is
-        delivered on the listener's connection before the heartbeat that
-        proves it alive answers). So `stale_after` after the commit, plus
-        one interval for a cycle that began before the commit and ended
-        after it, every replica has either delivered the erasure or reads
-        the generations (and erasures) from the database before each call:
-        no registry of replicas is needed. Replicas share these settings
-        (change_poll_ms, change_heartbeat_ms); one with a longer feed
-        interval would need the longer wait. Without a feed this process
-        is the database's only reader: nothing to wait for.
+        verified: its last successful cycle began less than `stale_after`
+        ago (sidecar.changes), and a successful cycle delivers what was
+        committed before it began (the poller reads every state row past its
+        watermark; the listener's heartbeat answers after the notifications
+        sent before it, which the next cycle hands on). So `stale_after`
+        after the commit every replica has either delivered the erasure or,
+        its feed unverified, reads the generations and erasures of what a
+        call uses from the database first (Partitions.verify): no registry
+        of replicas is needed. One more interval covers a notification
+        received by a heartbeat and handed on by the cycle after it.
+        Replicas must share these settings (change_poll_ms,
+        change_heartbeat_ms): one with a longer interval would need a longer
+        wait. Without a feed this process is the database's only reader.
         """
         feed = self._partitions.feed
         if feed is None:

@@ -160,7 +160,7 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
     feed.run_once()  # connects, LISTENs, re-reads every state row
     assert feed.verified
     assert heard == [("coder", "memory", 7, 0)]
-    now[0] += 2.9
+    now[0] += 2.8  # three heartbeats after the first cycle began (its wait took 0.1)
     assert feed.verified
     feed.run_once()  # the heartbeat is due, and fails
     assert not feed.verified
