@@ -26,6 +26,7 @@ from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
 from bench.expiry_sweep import bench_expiry_sweep
 from bench.exports import bench_exports
+from bench.forget_user import bench_forget_user
 from bench.large_tiers import bench_large_tiers
 from bench.mcp_calls import bench_mcp_calls
 from bench.measure import Report, postgres
@@ -97,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             bench_memory(report, work, corpus, 1000 if quick else 10_000)
         if 8 in only:
             bench_prefix_cache(report, work, corpus)
-        if only & {9, 10, 11, 12}:
+        if only & {9, 10, 11, 12, 20}:
             with postgres() as cluster:
                 if cluster is None:
-                    report.notes.append("No PostgreSQL server here: sections 9-12 ran SQLite only.")
+                    report.notes.append(
+                        "No PostgreSQL server here: sections 9-12 and 20 ran SQLite only."
+                    )
                 else:
                     (version,) = cluster.sql("SHOW server_version")[0]
                     report.notes.append(
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                         10_000 if quick else 100_000,
                         50 if quick else 300,
                     )
+                if 20 in only:
+                    bench_forget_user(report, work, cluster, corpus, 2000 if quick else 10_000)
     if 13 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_large_tiers(

@@ -83,6 +83,9 @@ class PartitionState(NamedTuple):
     entry_count: int
     generation: int
     indexed: int = 0
+    # The generation of the partition's last erasure (ForgetUser,
+    # DeleteScope), 0 for none: a view built before it is never served again.
+    erased: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,10 @@ class Backend(abc.ABC):
     _lock_sql: str
     _create_sql: str
     _advance_sql: str
+    # Empties a partition's state row, advances its generation and sets
+    # `erased` to it, returning it (sidecar.erasure); on PostgreSQL it also
+    # NOTIFYs with the erasure, as _advance_sql does with a write.
+    _erase_sql: str
     # The SQL function (text, part) -> where part first occurs in text, from
     # 1, or 0: exact and case-sensitive, unlike LIKE (which SQLite folds for
     # ASCII, and where % and _ are wildcards).
@@ -204,6 +211,12 @@ class Backend(abc.ABC):
         ).fetchone()
         return int(row[0])
 
+    def erased_state(self, owner: str, tier: str) -> int:
+        """Mark the partition erased: its state row emptied (no entries, no
+        index), its generation advanced, and `erased` set to that generation,
+        which is returned. Call inside write_transaction, after lock_partition."""
+        return int(self.db.execute_sql(self._erase_sql, (owner, tier)).fetchone()[0])
+
     def batches(
         self, sql: str, params: Sequence[object], size: int
     ) -> Iterator[list[tuple[Any, ...]]]:
@@ -216,7 +229,7 @@ class Backend(abc.ABC):
         """The state rows of these (owner, tier) partitions that exist."""
         p = self.db.param
         sql = (
-            f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
+            f"SELECT content_chars, entry_count, generation, indexed, erased FROM {STATE_TABLE}"
             f" WHERE owner = {p} AND tier = {p}"
         )
         found: dict[tuple[str, str], PartitionState] = {}

@@ -311,6 +311,16 @@ class PostgresBackend(Backend):
         f" SELECT generation, pg_notify('{CHANNEL}',"
         " json_build_array(owner, tier, generation)::text) FROM advanced"
     )
+    # An erasure's notification carries the erased generation too, so every
+    # replica drops what showed the partition's content (sidecar.erasure).
+    _erase_sql = (
+        f"WITH next AS (SELECT nextval('{SEQUENCE}') AS g),"
+        f" emptied AS (UPDATE {STATE_TABLE} SET content_chars = 0, entry_count = 0, indexed = 0,"
+        " generation = next.g, erased = next.g FROM next WHERE owner = %s AND tier = %s"
+        " RETURNING owner, tier, generation, erased)"
+        f" SELECT generation, pg_notify('{CHANNEL}',"
+        " json_build_array(owner, tier, generation, erased)::text) FROM emptied"
+    )
 
     def __init__(
         self,
@@ -472,18 +482,20 @@ class NotifyListener(ChangeFeed):
         connection.execute(f"LISTEN {CHANNEL}")
         self.connects += 1
         with connection.cursor() as cursor:
-            for owner, tier, generation in cursor.stream(
-                f"SELECT owner, tier, generation FROM {STATE_TABLE}"
+            for owner, tier, generation, erased in cursor.stream(
+                f"SELECT owner, tier, generation, erased FROM {STATE_TABLE}"
             ):
-                self._deliver(owner, tier, int(generation))
+                self._deliver(owner, tier, int(generation), int(erased))
         self._beat = self._clock()
         return True
 
     def _cycle(self) -> bool:
         # Short waits, so that a stop never waits a whole heartbeat.
         for note in self._connection.notifies(timeout=min(self.interval, _SLICE)):
-            owner, tier, generation = json.loads(note.payload)
-            self._deliver(owner, tier, int(generation))
+            # [owner, tier, generation], and the erased generation after an
+            # erasure (see _erase_sql).
+            owner, tier, generation, *erased = json.loads(note.payload)
+            self._deliver(owner, tier, int(generation), int(erased[0]) if erased else 0)
         if self._clock() - self._beat < self.interval:
             return False
         # The heartbeat: a connection that died quietly fails here.

@@ -407,6 +407,13 @@ class SqliteBackend(Backend):
         f" generation = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1"
         " WHERE owner = ? AND tier = ? RETURNING generation"
     )
+    # Both subqueries read the table before the row changes: one value.
+    _erase_sql = (
+        f"UPDATE {STATE_TABLE} SET content_chars = 0, entry_count = 0, indexed = 0,"
+        f" generation = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1,"
+        f" erased = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1"
+        " WHERE owner = ? AND tier = ? RETURNING generation"
+    )
 
     def __init__(
         self,
@@ -509,11 +516,11 @@ class DataVersionPoller(ChangeFeed):
         version = self._connection.execute("PRAGMA data_version").fetchone()[0]
         if version != self._version:
             self._version = version
-            for owner, tier, generation in self._changed():
-                self._deliver(owner, tier, generation)
+            for owner, tier, generation, erased in self._changed():
+                self._deliver(owner, tier, generation, erased)
         return True
 
-    def _changed(self) -> Iterator[tuple[str, str, int]]:
+    def _changed(self) -> Iterator[tuple[str, str, int, int]]:
         assert self._connection is not None
         if self._watermark is None:
             # First contact: nothing is cached yet, only the watermark matters.
@@ -521,13 +528,13 @@ class DataVersionPoller(ChangeFeed):
             self._watermark = int(row[0] or 0)
             return
         rows = self._connection.execute(
-            f"SELECT owner, tier, generation FROM {STATE_TABLE} WHERE generation > ?"
+            f"SELECT owner, tier, generation, erased FROM {STATE_TABLE} WHERE generation > ?"
             " ORDER BY generation",
             (self._watermark,),
         ).fetchall()
-        for owner, tier, generation in rows:
+        for owner, tier, generation, erased in rows:
             self._watermark = max(self._watermark, int(generation))
-            yield owner, tier, int(generation)
+            yield owner, tier, int(generation), int(erased)
 
     def _close(self) -> None:
         if self._connection is not None:

@@ -2,7 +2,8 @@
 
 Online (over gRPC, to --address): add, list, search, update, rm, usage,
 inject, and export with --address (ExportMemories, resumed after a cut).
-Offline (on --db, safe while the daemon runs): backup, export, import, check.
+Offline (on --db, safe while the daemon runs): backup, export, import, check,
+audit.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
 (channel, token, TLS, errors), offline ones on a Store (verified backup,
@@ -16,6 +17,8 @@ background.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -34,7 +37,8 @@ from grpc_status import rpc_status
 from sidecar import archive, compact_index
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.archive import export_line, parse_line
+from sidecar.archive import export_line, iso_time, parse_line
+from sidecar.clock import from_micros, parse_timestamp, to_micros
 from sidecar.config import Config
 from sidecar.console import Progress, emit_json, table
 from sidecar.errors import InvalidArgument, SidecarError
@@ -466,6 +470,18 @@ def export(store: Store, destination: str, out: TextIO) -> int:
     progress.done()
     if destination != "-":
         print(f"exported {count:,} memories to {destination}", file=out)
+    return 0
+
+
+def audit(store: Store, since: str, limit: int | None, out: TextIO) -> int:
+    """The erasure audit log as JSON Lines, oldest first: every row at or
+    after `since` (RFC 3339; naive means UTC), the newest `limit` of them."""
+    moment = parse_timestamp(since) if since else None
+    if since and moment is None:
+        raise InvalidArgument(f"--since {since!r} is not a time like 2026-01-31T12:00:00Z")
+    for row in store.erasure.audit_log(since=to_micros(moment) if moment else 0, limit=limit):
+        line = {**dataclasses.asdict(row), "at": iso_time(from_micros(row.at))}
+        print(json.dumps(line, ensure_ascii=False, sort_keys=True), file=out)
     return 0
 
 

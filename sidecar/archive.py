@@ -69,7 +69,7 @@ def backup(store: Store, destination: str, progress: Callable[[int, int], None])
 # --- the export format --------------------------------------------------------
 
 
-def _iso(moment: datetime) -> str:
+def iso_time(moment: datetime) -> str:
     # As strftime("%Y-%m-%dT%H:%M:%S.%fZ"), at a third of the cost: an
     # export formats two per line.
     return moment.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
@@ -85,10 +85,10 @@ def export_line(owner: str, memory: Memory) -> str:
             "content": memory.content,
             "category": memory.category,
             "confidence": memory.confidence,
-            "created_at": _iso(memory.created_at),
-            "updated_at": _iso(memory.updated_at),
+            "created_at": iso_time(memory.created_at),
+            "updated_at": iso_time(memory.updated_at),
             # Only on entries that expire: older readers see the lines they knew.
-            **({"expires_at": _iso(memory.expires_at)} if memory.expires_at else {}),
+            **({"expires_at": iso_time(memory.expires_at)} if memory.expires_at else {}),
         },
         ensure_ascii=False,
     )

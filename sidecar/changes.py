@@ -36,8 +36,10 @@ from sidecar.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-# (owner, tier, generation) of a partition some process has written.
-OnChange = Callable[[str, str, int], None]
+# (owner, tier, generation, erased) of a partition some process has written:
+# erased is the generation of its last erasure (0 for none), so every
+# replica drops what showed erased content (sidecar.erasure).
+OnChange = Callable[[str, str, int, int], None]
 _NEVER = float("-inf")
 
 
@@ -98,6 +100,10 @@ class ChangeFeed(abc.ABC):
         self._close()
 
     def run_once(self) -> None:
+        # A successful cycle proves delivered what was committed before it
+        # began, not before it ended: `verified` then means every write older
+        # than stale_after was delivered (sidecar.forgetting relies on it).
+        started = self._clock()
         try:
             opened = self._open()
             alive = self._cycle() or opened
@@ -108,7 +114,7 @@ class ChangeFeed(abc.ABC):
             self._close()
             return
         if alive:
-            self._last_ok = self._clock()
+            self._last_ok = started
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -118,8 +124,16 @@ class ChangeFeed(abc.ABC):
                 # wakes the thread at once.
                 self._stop.wait(self.interval)
 
-    def _deliver(self, owner: str, tier: str, generation: int) -> None:
-        self._on_change(owner, tier, generation)
+    @property
+    def settle_seconds(self) -> float:
+        """How long after a commit every feed with these settings has either
+        delivered it or stopped being verified (and then checks the
+        database before trusting its caches): stale_after, and one interval
+        more (see sidecar.forgetting.Forgetting.settle)."""
+        return self._stale_after + self.interval
+
+    def _deliver(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
+        self._on_change(owner, tier, generation, erased)
 
     @abc.abstractmethod
     def _open(self) -> bool:

@@ -253,6 +253,11 @@ def _add_offline(commands: Any, common: argparse.ArgumentParser) -> None:
         "check", parents=[common], help="integrity check and schema version"
     )
     check.add_argument("--json", action="store_true", help="print JSON instead of text")
+    audit = commands.add_parser(
+        "audit", parents=[common], help="print the erasure audit log as JSON Lines"
+    )
+    audit.add_argument("--since", default="", metavar="TIME", help="rows at or after (RFC 3339)")
+    audit.add_argument("--limit", type=int, metavar="N", help="only the newest N rows")
 
 
 def _add_export_online(group: Any) -> None:
@@ -341,7 +346,7 @@ def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
     return 0
 
 
-_OFFLINE = ("backup", "export", "import", "check")
+_OFFLINE = ("backup", "export", "import", "check", "audit")
 
 
 def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
@@ -355,7 +360,9 @@ def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
             return admin.backup(store, args.destination, sys.stdout)
         if args.command == "check":
             return admin.check(store, sys.stdout, args.json)
-        store.open()  # export and import need the current schema
+        store.open()  # export, import and audit need the current schema
+        if args.command == "audit":
+            return admin.audit(store, args.since, args.limit, sys.stdout)
         if args.command == "export":
             return admin.export(store, args.destination, sys.stdout)
         compact_from = cfg.server.compact_tier_entries

@@ -42,6 +42,7 @@ from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
 from sidecar.expiry import Expiry
 from sidecar.exports import Exports
+from sidecar.forgetting import Forgetting
 from sidecar.keywords import keywords
 from sidecar.memory import Memory, Scope, Tier, Usage
 from sidecar.metrics import Metrics
@@ -99,6 +100,27 @@ def _session_limits(settings: AgentSettings) -> Limits:
     return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
 
 
+def _semantic(
+    config: Config,
+    store: Store,
+    metrics: Metrics,
+    encoder: Encoder | None,
+    now: Callable[[], float],
+) -> Semantic | None:
+    if encoder is None:
+        return None
+    return Semantic(
+        encoder,
+        store,
+        metrics,
+        cache_bytes=config.server.semantic_cache_bytes,
+        compact_from=config.server.compact_tier_entries,
+        query_prefix=config.server.semantic_query_prefix,
+        document_prefix=config.server.semantic_document_prefix,
+        clock=now,
+    )
+
+
 class MemoryEngine:
     """Everything the service does, over one store."""
 
@@ -117,18 +139,7 @@ class MemoryEngine:
         self._store = store
         self._metrics = metrics or Metrics()
         # Semantic retrieval (server.semantic_encoder), when an encoder is given.
-        self.semantic: Semantic | None = None
-        if encoder is not None:
-            self.semantic = Semantic(
-                encoder,
-                store,
-                self._metrics,
-                cache_bytes=config.server.semantic_cache_bytes,
-                compact_from=config.server.compact_tier_entries,
-                query_prefix=config.server.semantic_query_prefix,
-                document_prefix=config.server.semantic_document_prefix,
-                clock=now,
-            )
+        self.semantic = _semantic(config, store, self._metrics, encoder, now)
         self.tokens = tokens or TokenCounter()
         self._now = now
         self.partitions = Partitions(
@@ -158,6 +169,10 @@ class MemoryEngine:
             on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc,
         )
         self._metrics.sessions_active.set_function(lambda: len(self._sessions))
+        # ForgetUser and DeleteScope, and letting go of what showed erased content.
+        self.forgetting = Forgetting(
+            store, self.partitions, self._sessions, self.semantic, self._metrics
+        )
         # Labelled children looked up once: a cached turn touches them every time.
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")
@@ -401,7 +416,8 @@ class MemoryEngine:
         hit = (
             view is not None
             and (view.scope is None or view.scope == scope)
-            and (frozen or all(fresh))
+            # A frozen view is never served past an erasure of what it shows.
+            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
             and not self._snapshots.expired(view)
         )
         if not hit:

@@ -194,7 +194,15 @@ class Metrics:
         # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
         for result in ("hit", "miss"):
             self.snapshot_lookups.labels(result)
-        for reason in ("write", "remote_write", "compaction", "session_end", "evicted", "expiry"):
+        for reason in (
+            "write",
+            "remote_write",
+            "compaction",
+            "session_end",
+            "evicted",
+            "expiry",
+            "erasure",
+        ):
             self.snapshot_invalidations.labels(reason)
         self.feed_verified = Gauge(
             "memory_change_feed_verified",

@@ -86,6 +86,14 @@ class Partitions:
             clock=now,
         )
         self._locks = [threading.Lock() for _ in range(STRIPES)]
+        # The generation of the last erasure heard of each followed partition:
+        # nothing built from before it is served again (see erased).
+        self.erasures = Generations()
+        # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
+        self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
+        # Partitions this process is erasing right now: it handles its own
+        # erasure after the commit, counting what it drops (sidecar.forgetting).
+        self._erasing: set[PartitionKey] = set()
         # Without a feed this process assumes it is the database's only writer.
         self.feed: ChangeFeed | None = None
         if changes:
@@ -121,21 +129,65 @@ class Partitions:
 
     # --- freshness ------------------------------------------------------------
 
-    def heard(self, owner: str, tier: str, generation: int) -> None:
-        """The change feed's news: some process wrote this partition."""
+    def heard(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
+        """The change feed's news: some process wrote (or erased) this partition."""
         key = (Tier(tier), owner)
+        if erased and key not in self._erasing:
+            self.erased(key, erased)
         if self.generations.observe_remote(key, generation):
             self._remote_writes.inc()
         if self.on_generation is not None:
             self.on_generation(key, generation)
 
     def verify(self, keys: Iterable[PartitionKey]) -> None:
-        """Without a verified feed, learn the partitions' generations from the database."""
+        """Without a verified feed, learn the partitions' generations (and
+        erasures) from the database."""
         if self.feed is None or self.feed.verified:
             return
-        for key, generation in self._store.generations(keys).items():
+        for key, (generation, erased) in self._store.freshness(keys).items():
             self.generations.track(key)
+            if erased:
+                self.erased(key, erased)
             self.generations.observe(key, generation)
+
+    # --- erasures ---------------------------------------------------------------
+
+    def erased(self, key: PartitionKey, generation: int) -> int:
+        """The partition was erased as of `generation` (heard from the feed,
+        read by verify, or this process's own erasure): let go of the cached
+        partition if it is older, and tell `on_erased` (sessions and caches
+        built from it); how many sessions they dropped.
+
+        Recorded once per erasure, and only for a followed partition (one
+        nobody here has loaded has no session showing it); the listeners
+        hear of the others too, with `followed` False, to let go of caches
+        that outlive sessions."""
+        followed = self.generations.current(key) is not None
+        if followed:
+            if generation <= (self.erasures.current(key) or 0):
+                return 0
+            self.erasures.observe(key, generation)
+            self.generations.observe(key, generation)
+            cached = self._cache.get(key)
+            if cached is not None and cached.generation < generation:
+                self._cache.discard(key)
+        return sum(listener(key, generation, followed) for listener in self.on_erased)
+
+    @contextlib.contextmanager
+    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[None]:
+        """While this process erases these partitions, the feed's news of
+        it is left to the erasure (which calls `erased` after its commit)."""
+        self._erasing.update(keys)
+        try:
+            yield
+        finally:
+            self._erasing.difference_update(keys)
+
+    def shows_erased(self, partitions: Iterable[AnyPartition]) -> bool:
+        """Whether any of these was loaded before an erasure of its
+        partition since heard (a frozen view must not be served then)."""
+        erased = self.erasures.current
+        return any(p.generation < (erased((p.tier, p.owner)) or 0) for p in partitions)
 
     @property
     def verified(self) -> bool:
@@ -317,4 +369,6 @@ class Partitions:
         """Let go of cached partitions nobody has used since `unused_since`
         and nothing holds, then stop following what is neither held nor cached."""
         self._cache.expire(unused_since, keep=held)
-        self.generations.retain(set(held).union(self._cache.keys()))
+        followed = set(held).union(self._cache.keys())
+        self.generations.retain(followed)
+        self.erasures.retain(followed)

@@ -295,6 +295,10 @@ class Semantic:
             return
         self._vectors.put(key, vectors.with_row(generation, seq, None))
 
+    def forget(self, key: PartitionKey) -> None:
+        """The partition was erased: drop its vectors held here."""
+        self._vectors.discard(key)
+
     @property
     def cache_bytes(self) -> int:
         return self._vectors.weight

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Iterator
 from datetime import UTC
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import access, paging, tokens, watching
+from sidecar import access, erasing, paging, tokens, watching
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -163,6 +164,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         # which costs about a kilobyte.
         self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
         self._export = ExportStream(engine, limits, read_tiers)
+        # They hold rendered content: none outlives an erasure.
+        engine.forgetting.listeners.append(lambda: self._frozen.expire(math.inf))
 
     # --- request fields -----------------------------------------------------
 
@@ -472,3 +475,11 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         # A generator: the scope is checked at the first step, under the grant.
         scope, tiers = self._scope(request.scope), read_tiers(request.tier)
         yield from watching.stream(self._engine.watches, scope, tiers, request, context, memory_pb)
+
+    def ForgetUser(self, request: pb.ForgetUserRequest, context: Any) -> pb.ForgetUserResponse:
+        return erasing.forget_user(self._engine, self._limits, request)
+
+    def DeleteScope(self, request: pb.DeleteScopeRequest, context: Any) -> pb.DeleteScopeResponse:
+        actor = access.authorize_erasure("DeleteScope")  # before the scope: see sidecar.erasing
+        scope, tiers = self._scope(request.scope), read_tiers(request.tier)
+        return erasing.delete_scope(self._engine, actor, scope, tiers)

@@ -172,6 +172,26 @@ class SessionTable(Generic[V]):
             self._count -= 1
             return True
 
+    def drop_where(self, must_go: Callable[[V], bool]) -> int:
+        """End every session whose view `must_go` (an erasure: its view showed
+        erased content); how many. A scan of every session, under the lock."""
+        dropped = 0
+        with self._lock:
+            for agent_id, sessions in list(self._agents.items()):
+                if not isinstance(sessions, dict):
+                    if sessions.view is not None and must_go(sessions.view):
+                        del self._agents[agent_id]
+                        dropped += 1
+                    continue
+                gone = [k for k, s in sessions.items() if s.view is not None and must_go(s.view)]
+                for session_id in gone:
+                    del sessions[session_id]
+                dropped += len(gone)
+                if not sessions:
+                    del self._agents[agent_id]
+            self._count -= dropped
+        return dropped
+
     def views(self) -> list[tuple[str, SessionId, V]]:
         """(agent_id, session_id, view) of every session holding a view (for
         the janitor: a scan of every session)."""

@@ -30,6 +30,7 @@ from sidecar._statements import Record
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import Clock, system_clock, to_micros
+from sidecar.erasure import Erasure
 from sidecar.errors import (
     AlreadyExists,
     BudgetExceeded,
@@ -134,6 +135,7 @@ class Store:
         self.expiry = ExpiryStore(self.tables)
         self.vectors = VectorStore(self.tables)
         self.events = EventLog(self.tables)
+        self.erasure = Erasure(self.tables, clock)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
@@ -188,10 +190,17 @@ class Store:
 
     def generations(self, keys: Iterable[tuple[Tier, str]]) -> dict[tuple[Tier, str], int]:
         """The current generation of each (tier, owner) partition that was ever written."""
+        return {key: generation for key, (generation, _) in self.freshness(keys).items()}
+
+    def freshness(
+        self, keys: Iterable[tuple[Tier, str]]
+    ) -> dict[tuple[Tier, str], tuple[int, int]]:
+        """(generation, generation of its last erasure or 0) of each (tier,
+        owner) partition that was ever written."""
         wanted = {(owner, tier.value): (tier, owner) for tier, owner in keys}
         with self._guard(), self._db.connection_context():
             states = self._backend.states(wanted)
-        return {wanted[key]: state.generation for key, state in states.items()}
+        return {wanted[key]: (state.generation, state.erased) for key, state in states.items()}
 
     def counts(self) -> dict[tuple[Tier, str], int]:
         """Entries per (tier, owner)."""
@@ -239,12 +248,13 @@ class Store:
             state, expired = purge(self.tables, owner, tier, locked, now)
             usage = usage_of(state)
             if idempotency_key:
-                earlier = self._replay(owner, tier, idempotency_key, content, now)
+                earlier = _replay(self.tables, owner, tier, idempotency_key, content, now)
                 if earlier is not None:
                     return _unchanged(self.tables, earlier, locked, state, expired, now)
             existing = self.tables.identical(owner, tier, content)
             if existing is not None:
-                self._remember(owner, tier, idempotency_key, existing.memory_id, content, now)
+                key, known = idempotency_key, existing.memory_id
+                _remember(self.tables, owner, tier, key, known, content, now)
                 return _unchanged(self.tables, existing, locked, state, expired, now)
             added = len(content) + (SEPARATOR_CHARS if state.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
@@ -255,7 +265,7 @@ class Store:
             if vector is not None:
                 digest = _sqlite.content_digest(content)
                 self._backend.put_vector(row.seq, vector.model, digest, vector.data)
-            self._remember(owner, tier, idempotency_key, row.memory_id, content, now)
+            _remember(self.tables, owner, tier, idempotency_key, row.memory_id, content, now)
             after = state._replace(
                 content_chars=state.content_chars + len(content),
                 entry_count=state.entry_count + 1,
@@ -445,43 +455,45 @@ class Store:
             tier: usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
         }
 
-    def _replay(
-        self, owner: str, tier: Tier, key: str, content: str, now: int
-    ) -> _Row | Record | None:
-        """The entry an earlier add with this key stored, if the key is known."""
-        Key = self.tables.keys
-        Key.delete().where(Key.created_at < now - IDEMPOTENCY_TTL_MICROS).execute()
-        record = Key.get_or_none((Key.owner == owner) & (Key.tier == tier.value) & (Key.key == key))
-        if record is None:
-            return None
-        if record.content_sha256 != _sqlite.content_digest(content):
-            raise InvalidArgument(
-                "idempotency_key was already used for different content; use a new key",
-                reason="IDEMPOTENCY_KEY_REUSED",
-                metadata={"idempotency_key": key},
-            )
-        Row = self.tables.rows
-        row: _Row | None = Row.get_or_none(Row.memory_id == record.memory_id)
-        if row is None:
-            raise FailedPrecondition(
-                "idempotency_key was already used, and the memory it stored has been deleted since",
-                reason="IDEMPOTENCY_KEY_USED",
-                metadata={"idempotency_key": key, "id": record.memory_id},
-            )
-        return row
 
-    def _remember(
-        self, owner: str, tier: Tier, key: str, memory_id: str, content: str, now: int
-    ) -> None:
-        if key:
-            self.tables.keys.create(
-                owner=owner,
-                tier=tier.value,
-                key=key,
-                memory_id=memory_id,
-                content_sha256=_sqlite.content_digest(content),
-                created_at=now,
-            )
+def _replay(
+    tables: Tables, owner: str, tier: Tier, key: str, content: str, now: int
+) -> _Row | Record | None:
+    """The entry an earlier add with this key stored, if the key is known."""
+    Key = tables.keys
+    Key.delete().where(Key.created_at < now - IDEMPOTENCY_TTL_MICROS).execute()
+    record = Key.get_or_none((Key.owner == owner) & (Key.tier == tier.value) & (Key.key == key))
+    if record is None:
+        return None
+    if record.content_sha256 != _sqlite.content_digest(content):
+        raise InvalidArgument(
+            "idempotency_key was already used for different content; use a new key",
+            reason="IDEMPOTENCY_KEY_REUSED",
+            metadata={"idempotency_key": key},
+        )
+    Row = tables.rows
+    row: _Row | None = Row.get_or_none(Row.memory_id == record.memory_id)
+    if row is None:
+        raise FailedPrecondition(
+            "idempotency_key was already used, and the memory it stored has been deleted since",
+            reason="IDEMPOTENCY_KEY_USED",
+            metadata={"idempotency_key": key, "id": record.memory_id},
+        )
+    return row
+
+
+def _remember(
+    tables: Tables, owner: str, tier: Tier, key: str, memory_id: str, content: str, now: int
+) -> None:
+    if key:
+        tables.keys.create(
+            owner=owner,
+            tier=tier.value,
+            key=key,
+            memory_id=memory_id,
+            content_sha256=_sqlite.content_digest(content),
+            created_at=now,
+        )
 
 
 def _done(

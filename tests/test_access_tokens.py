@@ -77,12 +77,18 @@ def requests(scope: pb.Scope, memory_id: str) -> dict[str, Any]:
         "ExportMemories": pb.ExportMemoriesRequest(scope=scope),
         "WatchMemories": pb.WatchMemoriesRequest(scope=scope),
         "DeleteMemory": pb.DeleteMemoryRequest(scope=scope, id=memory_id),
+        # Only grants with `erase` (tests/test_erasure.py); refused before the scope.
+        "ForgetUser": pb.ForgetUserRequest(user_id=scope.user_id),
+        "DeleteScope": pb.DeleteScopeRequest(scope=scope),
     }
 
 
 _STREAMS = {
     m.name for m in pb.DESCRIPTOR.services_by_name["MemoryService"].methods if m.server_streaming
 }
+
+# RPCs only an erase grant may call: the tokens here have none.
+ERASING = {"ForgetUser", "DeleteScope"}
 
 
 def call(running: Running, method: str, request: Any, token: str) -> Any:
@@ -111,15 +117,21 @@ def contents(running: Running, scope: pb.Scope) -> list[str]:
     return sorted(m.content for m in listed.memories)
 
 
-def test_every_rpc_is_covered_and_unary() -> None:
-    # The interceptor hands the grant to unary and server-streaming handlers
+# The server-streaming RPCs: the interceptors carry the grant into each step
+# of the stream (sidecar.interceptors._granting). Every other RPC is unary.
+STREAMING = {"ExportMemories", "WatchMemories"}
+
+
+def test_every_rpc_is_covered_and_unary_or_server_streaming() -> None:
+    # The interceptors hand the grant to unary and server-streaming handlers
     # only: a client-streaming RPC would need it too, and this test (and
     # `requests`) to cover it.
     service = pb.DESCRIPTOR.services_by_name["MemoryService"]
     assert service.full_name == SERVICE_NAME
-    assert {m.name for m in service.methods} == set(requests(pb.Scope(), ""))
+    assert {m.name for m in service.methods} == set(requests(pb.Scope(), "")) | STREAMING
     for method in service.methods:
         assert not method.client_streaming, method.name
+        assert method.server_streaming == (method.name in STREAMING), method.name
 
 
 def test_a_token_addresses_its_own_agents_scopes(
@@ -142,6 +154,10 @@ def test_a_token_addresses_its_own_agents_scopes(
     )
     assert "The secret deploy is on Fridays" in turn.system_block
     for method, request in requests(scope, added.memory.id).items():
+        if method in ERASING:
+            error = refused(call, running, method, request, AGENT_A)
+            assert error_info(error).reason == "ERASE_NOT_GRANTED", method
+            continue
         call(running, method, request, AGENT_A)  # none refused, the delete last
     assert contents(running, scope) == ["sneaked in", "sneaked in by a tool"]
     # Any user: "*".
@@ -167,6 +183,9 @@ def test_another_agents_scope_is_forbidden_and_nothing_changes(
         error = refused(call, running, method, request, AGENT_A)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED, method
         info = error_info(error)
+        if method in ERASING:
+            assert info.reason == "ERASE_NOT_GRANTED", method
+            continue
         assert info.reason == "SCOPE_FORBIDDEN", method
         assert dict(info.metadata) == {
             "field": "scope.agent_id",

@@ -148,8 +148,8 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def stream(self, sql: str) -> list[tuple[str, str, int]]:
-            return [("coder", "memory", 7)]
+        def stream(self, sql: str) -> list[tuple[str, str, int, int]]:
+            return [("coder", "memory", 7, 0)]
 
         def close(self) -> None:
             return None
@@ -159,8 +159,8 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
     )
     feed.run_once()  # connects, LISTENs, re-reads every state row
     assert feed.verified
-    assert heard == [("coder", "memory", 7)]
-    now[0] += 2.9
+    assert heard == [("coder", "memory", 7, 0)]
+    now[0] += 2.8  # three heartbeats after the first cycle began (its wait took 0.1)
     assert feed.verified
     feed.run_once()  # the heartbeat is due, and fails
     assert not feed.verified
@@ -168,7 +168,7 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
     feed.run_once()  # reconnects and catches up
     assert feed.verified
     assert feed.connects == 2
-    assert heard == [("coder", "memory", 7)] * 2
+    assert heard == [("coder", "memory", 7, 0)] * 2
 
 
 def test_replicas_starting_together_migrate_once(postgres: pg.Cluster) -> None:

@@ -175,3 +175,22 @@ def test_no_stale_block_after_an_acknowledged_write(make_sidecar: MakeSidecar) -
     with ThreadPoolExecutor(max_workers=writers) as pool:
         problems = [p for result in pool.map(work, range(writers)) for p in result]
     assert problems == []
+
+
+def test_drop_where_ends_the_sessions_whose_view_must_go() -> None:
+    table: SessionTable[str] = SessionTable(lambda agent: Limits(60, 10))
+    for agent, session, view in (
+        ("a", "one", "showed ada"),
+        ("a", "two", "showed bob"),
+        ("a", "three", None),
+        ("b", "only", "showed ada"),
+        ("c", "only", "showed bob"),
+    ):
+        held = table.get(session, agent, 0.0)
+        if view is not None:
+            table.attach(held, view, held.epoch)
+    assert table.drop_where(lambda view: "ada" in view) == 2
+    assert len(table) == 3
+    assert table.agents == 2  # b had no other session
+    assert sorted((agent, key) for agent, key, _ in table.views()) == [("a", "two"), ("c", "only")]
+    assert table.drop_where(lambda view: "ada" in view) == 0

@@ -1,0 +1,506 @@
+"""ForgetUser and DeleteScope: what they remove, on every replica, under a
+crash, and who may call them.
+
+Every test runs on both backends. The replica tests check replica B right
+after A's call returns, without waiting: the call itself waits until every
+replica has delivered the erasure or stopped trusting its caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from sidecar import archive
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.memory import Memory, Scope, Tier
+from sidecar.store import Store
+from tests.conftest import (
+    MakeEngine,
+    MakeSidecar,
+    Running,
+    error_info,
+    refused,
+    run_sidecar,
+    spawn_daemon,
+)
+from tests.test_access import with_token
+from tests.test_access_tokens import sha256, write_tokens
+
+pytestmark = pytest.mark.contract
+
+ADA = pb.Scope(agent_id="coder", user_id="ada")
+SECRET = "Ada's locker code is swordfish"
+NOTE = "The repo deploys with ArgoCD"
+SETTLE_SECONDS = 10.0
+# B freezes its block until compaction for this agent.
+FROZEN = "agents: {frozen: {snapshot_refresh: on_compaction}}\n"
+
+
+def eventually(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def shown(running: Running, session: str, text: str, scope: pb.Scope = ADA) -> bool:
+    turn = running.turn(session, "locker code swordfish deploys", scope=scope)
+    return text in turn.system_block + turn.turn_context
+
+
+def anywhere(running: Running, text: str, scope: pb.Scope = ADA) -> list[str]:
+    """Where `text` still shows for `scope`: SearchMemories, GetMemories."""
+    found = []
+    search = pb.SearchMemoriesRequest(scope=scope, query="locker swordfish code")
+    if any(text in hit.memory.content for hit in running.stub.SearchMemories(search).hits):
+        found.append("SearchMemories")
+    if any(text in m.content for m in running.list(scope=scope).memories):
+        found.append("GetMemories")
+    return found
+
+
+def rows(running: Running, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """A query on the daemon's database (`?` placeholders, either backend)."""
+    db = running.store.tables.db
+    with db.connection_context():
+        return list(db.execute_sql(sql.replace("?", db.param), params).fetchall())
+
+
+def forget(running: Running, user_id: str = "ada", **kwargs: Any) -> pb.Erasure:
+    request = pb.ForgetUserRequest(user_id=user_id)
+    erasure: pb.Erasure = running.stub.ForgetUser(request, timeout=30, **kwargs).erasure
+    return erasure
+
+
+# --- every replica ------------------------------------------------------------
+
+
+def seed_and_show(a: Running, b: Running) -> pb.Scope:
+    """Ada's secret (user tier, written through two agents) and a note of
+    the coder, shown by B in a live session and in a frozen one."""
+    a.add(SECRET, scope=ADA, tier=pb.TIER_USER)
+    a.add("Ada prefers short answers", scope=pb.Scope(agent_id="reviewer", user_id="ada"), tier=2)
+    a.add(NOTE, scope=ADA)
+    eventually(lambda: shown(b, "live", SECRET), "B shows the secret")
+    frozen = pb.Scope(agent_id="frozen", user_id="ada")
+    assert shown(b, "frozen", SECRET, frozen)
+    assert b.turn("frozen", scope=frozen).cache_hit
+    assert anywhere(b, SECRET) == ["SearchMemories", "GetMemories"]
+    return frozen
+
+
+def assert_forgotten_on(b: Running, frozen: pb.Scope) -> None:
+    for session, scope in (("live", ADA), ("frozen", frozen), ("new", ADA)):
+        assert not shown(b, session, SECRET, scope), session
+        assert not shown(b, session, "short answers", scope), session
+    assert anywhere(b, SECRET) == []
+    assert shown(b, "live", NOTE), "the agent's own notes stay"
+
+
+def test_after_forget_user_returns_no_replica_shows_the_user(make_sidecar: MakeSidecar) -> None:
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    frozen = seed_and_show(a, b)
+    erasure = forget(a)
+    assert (erasure.memories, erasure.sessions) == (2, 0)
+    assert_forgotten_on(b, frozen)
+    assert_forgotten_on(a, frozen)
+
+
+def test_a_replica_whose_feed_stalled_stops_trusting_its_caches_before_the_call_returns(
+    make_sidecar: MakeSidecar,
+) -> None:
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    frozen = seed_and_show(a, b)
+    feed = b.sidecar.engine.feed
+    assert feed is not None
+    # B hears nothing from here on, but still trusts its caches for a while.
+    feed.stop()
+    assert feed.verified
+    forget(a)
+    assert_forgotten_on(b, frozen)
+
+
+def test_delete_scope_erases_one_tier_or_both(make_sidecar: MakeSidecar) -> None:
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    frozen = seed_and_show(a, b)
+    notes = a.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA, tier=pb.TIER_MEMORY)).erasure
+    assert notes.memories == 1
+    assert not shown(b, "live", NOTE)
+    assert shown(b, "live", SECRET), "the user tier stays"
+    both = a.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA), timeout=30).erasure
+    assert both.memories == 2
+    assert anywhere(b, SECRET) == []
+    assert not shown(b, "frozen", SECRET, frozen)
+
+
+def test_sessions_of_this_replica_that_showed_the_user_are_dropped(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar(FROZEN)
+    running.add(SECRET, scope=ADA, tier=pb.TIER_USER)
+    for session in ("one", "two"):
+        assert shown(running, session, SECRET)
+    assert shown(running, "f", SECRET, pb.Scope(agent_id="frozen", user_id="ada"))
+    running.turn("bob", scope=pb.Scope(agent_id="coder", user_id="bob"))
+    assert forget(running).sessions == 3
+    assert running.sidecar.engine.stats().sessions == 1  # bob's
+    registry = running.sidecar.metrics.registry
+    sample = ("memory_snapshot_invalidations_total", {"reason": "erasure"})
+    assert registry.get_sample_value(*sample) == 3
+
+
+def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEngine) -> None:
+    # A turn that built its view from partitions read before the erasure may
+    # attach it after the sessions were dropped: the frozen block must not
+    # be served from it (nothing here drops sessions, to isolate that check).
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    engine.partitions.on_erased.clear()
+    erasure = engine.forgetting.forget_user("ada", actor="test")
+    assert erasure.sessions == 0  # its session kept its view
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+
+
+def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    seed_and_show(a, b)
+    frozen = pb.Scope(agent_id="frozen", user_id="ada")
+    forget(a)
+    assert not shown(b, "live", SECRET)
+    assert not shown(b, "frozen", SECRET, frozen)
+    before = b.db_queries()
+    assert b.turn("live", scope=ADA).cache_hit
+    assert b.turn("frozen", scope=frozen).cache_hit
+    assert b.db_queries() == before
+
+
+# --- what is removed ----------------------------------------------------------
+
+
+def test_rows_vectors_keys_index_and_events_are_gone(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar("defaults: {user_char_limit: 0}\nserver: {compact_tier_entries: 10}")
+    for k in range(12):
+        running.add(f"{SECRET} #{k}", scope=ADA, tier=pb.TIER_USER, idempotency_key=f"key-{k}")
+    bob = pb.Scope(agent_id="coder", user_id="bob")
+    running.add("Bob's locker code is marlin", scope=bob, tier=pb.TIER_USER, idempotency_key="b")
+    # Held compactly: the turn loads it and persists its index.
+    assert shown(running, "s", SECRET)
+    eventually(lambda: not running.sidecar.engine.indexing(), "the index is saved")
+    running.add(f"{SECRET} #12", scope=ADA, tier=pb.TIER_USER)  # logged since the index
+    seqs = [seq for (seq,) in rows(running, "SELECT seq FROM memories WHERE owner = 'ada'")]
+    with running.store.tables.db.connection_context():
+        for seq in seqs[:5]:
+            running.store.tables.backend.put_vector(seq, "test", "digest", b"\x00\x01")
+    ada = ("ada", "user")
+    where = "WHERE owner = ? AND tier = ?"
+    assert rows(running, f"SELECT COUNT(*) FROM tier_index {where}", *ada)[0][0] > 0
+    assert rows(running, f"SELECT COUNT(*) FROM tier_changes {where}", *ada)[0][0] == 1
+
+    erasure = forget(running)
+    assert erasure.memories == 13
+    assert erasure.vectors == 5
+    assert erasure.idempotency_keys == 12
+    assert erasure.change_rows == 1 + 13  # the change log, the events
+    for table in ("memories", "idempotency_keys", "tier_index", "tier_changes"):
+        assert rows(running, f"SELECT COUNT(*) FROM {table} {where}", *ada) == [(0,)], table
+    assert rows(running, "SELECT COUNT(*) FROM memory_vectors") == [(0,)]
+    assert rows(running, f"SELECT kind, memory_id FROM memory_events {where}", *ada) == [
+        ("erase", "")
+    ]
+    state = rows(
+        running,
+        f"SELECT content_chars, entry_count, indexed, generation, erased FROM tier_state {where}",
+        *ada,
+    )
+    assert state == [(0, 0, 0, erasure.generation, erasure.generation)]
+    # Bob is untouched.
+    assert rows(running, "SELECT COUNT(*) FROM memories WHERE owner = 'bob'") == [(1,)]
+    assert rows(running, "SELECT COUNT(*) FROM idempotency_keys WHERE owner = 'bob'") == [(1,)]
+    # Written again from scratch, under the same key.
+    again = running.add("Ada is back", scope=ADA, tier=pb.TIER_USER, idempotency_key="key-0")
+    assert again.created
+    assert shown(running, "s", "Ada is back")
+    assert not shown(running, "s", SECRET)
+
+
+def test_a_repeat_erases_nothing_answers_zeros_and_is_audited(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar()
+    running.add(SECRET, scope=ADA, tier=pb.TIER_USER)
+    first = forget(running)
+    generation = rows(running, "SELECT generation FROM tier_state WHERE owner = 'ada'")
+    second = forget(running)
+    assert first.memories == 1
+    assert first.generation > 0
+    assert (second.memories, second.change_rows, second.generation) == (0, 0, 0)
+    assert second.audit_id == first.audit_id + 1
+    assert rows(running, "SELECT generation FROM tier_state WHERE owner = 'ada'") == generation
+    # Never written at all: zeros too.
+    assert forget(running, "nobody").memories == 0
+
+
+def test_the_audit_log_says_who_what_when_and_how_many_never_content(
+    make_sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    running = make_sidecar()
+    running.add(SECRET, scope=ADA, tier=pb.TIER_USER)
+    running.add(NOTE, scope=ADA)
+    forget(running)
+    running.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA, tier=pb.TIER_MEMORY), timeout=30)
+    logged = rows(running, "SELECT * FROM audit_log ORDER BY id")
+    assert "swordfish" not in repr(logged)
+    assert "ArgoCD" not in repr(logged)
+    result = run_sidecar("audit", "--db", running.db)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["action"] for line in lines] == ["ForgetUser", "DeleteScope"]
+    assert lines[0]["actor"] == "unauthenticated"
+    assert lines[0]["target"] == {"user_id": "ada"}
+    assert lines[0]["counts"]["memories"] == 1
+    assert lines[1]["target"] == {"agent_id": "coder", "user_id": "ada", "tiers": "memory"}
+    assert datetime.fromisoformat(lines[0]["at"]).tzinfo is not None
+    assert "swordfish" not in result.stdout
+    limited = run_sidecar("audit", "--db", running.db, "--limit", "1")
+    assert [json.loads(line)["action"] for line in limited.stdout.splitlines()] == ["DeleteScope"]
+    later = datetime.now(UTC).isoformat()
+    since = run_sidecar("audit", "--db", running.db, "--since", later)
+    assert since.returncode == 0
+    assert since.stdout == ""
+
+
+# --- who may erase ----------------------------------------------------------------
+
+OPERATOR = "token-of-the-erasing-operator"
+AGENT = "token-of-an-agent"
+ADA_ERASER = "token-that-may-erase-ada-only"
+SINGLE = "the-single-token"
+
+
+@pytest.fixture
+def guarded(make_sidecar: MakeSidecar, tmp_path: Path) -> Running:
+    tokens = tmp_path / "tokens.yaml"
+    write_tokens(
+        tokens,
+        [
+            {"name": "dpo", "sha256": sha256(OPERATOR), "agents": ["*"], "users": ["*"]}
+            | {"erase": True},
+            {"sha256": sha256(AGENT), "agents": ["*"], "users": ["*"]},
+            {
+                "name": "ada-eraser",
+                "sha256": sha256(ADA_ERASER),
+                "agents": ["coder"],
+                "users": ["ada"],
+                "erase": True,
+            },
+        ],
+    )
+    single = tmp_path / "single"
+    single.write_text(SINGLE)
+    running = make_sidecar(auth_tokens_file=str(tokens), auth_token_file=str(single))
+    for user in ("ada", "bob"):
+        scope = pb.Scope(agent_id="coder", user_id=user)
+        running.stub.AddMemory(
+            pb.AddMemoryRequest(scope=scope, tier=pb.TIER_USER, content=f"{user}'s secret"),
+            metadata=with_token(OPERATOR),
+        )
+    return running
+
+
+def test_only_an_erase_grant_may_erase(guarded: Running) -> None:
+    calls = [
+        (guarded.stub.ForgetUser, pb.ForgetUserRequest(user_id="ada")),
+        (guarded.stub.DeleteScope, pb.DeleteScopeRequest(scope=ADA)),
+    ]
+    for call, request in calls:
+        for token in (AGENT, SINGLE):
+            error = refused(call, request, metadata=with_token(token), timeout=30)
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert error_info(error).reason == "ERASE_NOT_GRANTED"
+    assert rows(guarded, "SELECT COUNT(*) FROM memories") == [(2,)]
+    assert rows(guarded, "SELECT COUNT(*) FROM audit_log") == [(0,)]
+    erasure = forget(guarded, metadata=with_token(OPERATOR))
+    assert erasure.memories == 1
+    assert rows(guarded, "SELECT actor FROM audit_log") == [("dpo",)]
+
+
+def test_a_restricted_erase_grant_erases_only_what_it_lists(guarded: Running) -> None:
+    bob = pb.Scope(agent_id="coder", user_id="bob")
+    for call, request in (
+        (guarded.stub.ForgetUser, pb.ForgetUserRequest(user_id="bob")),
+        (guarded.stub.DeleteScope, pb.DeleteScopeRequest(scope=bob)),
+        (guarded.stub.DeleteScope, pb.DeleteScopeRequest(scope=pb.Scope(agent_id="other"))),
+    ):
+        error = refused(call, request, metadata=with_token(ADA_ERASER), timeout=30)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error_info(error).reason == "SCOPE_FORBIDDEN"
+    assert forget(guarded, metadata=with_token(ADA_ERASER)).memories == 1
+    assert rows(guarded, "SELECT owner FROM memories") == [("bob",)]
+    assert rows(guarded, "SELECT actor FROM audit_log") == [("ada-eraser",)]
+
+
+def test_forget_user_needs_a_user_id(sidecar: Running) -> None:
+    error = refused(sidecar.stub.ForgetUser, pb.ForgetUserRequest(), timeout=10)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(error).reason == "USER_ID_EMPTY"
+    assert "DeleteScope" in error.details()
+    # The shared empty-user profile goes with DeleteScope.
+    sidecar.add("shared profile fact", scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
+    request = pb.DeleteScopeRequest(scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
+    assert sidecar.stub.DeleteScope(request, timeout=30).erasure.memories == 1
+
+
+# --- a crash mid-erasure --------------------------------------------------------
+
+BIG = 30_000
+
+
+def seed(db: str) -> None:
+    store = Store(db)
+    store.open()
+    now = datetime.now(UTC)
+    entries = [
+        ("ada", Memory(f"id-{k}", Tier.USER, f"{SECRET} #{k}", "", 1.0, now, now))
+        for k in range(BIG)
+    ]
+    entries.append(("bob", Memory("bob", Tier.USER, "Bob's fact", "", 1.0, now, now)))
+    archive.restore(store, entries)
+    # And a vector and an idempotency key per entry: all of it goes, or none.
+    backend, db = store.tables.backend, store.tables.db
+    p = db.param
+    with db.connection_context(), backend.write_transaction():
+        for (seq,) in db.execute_sql("SELECT seq FROM memories WHERE owner = 'ada'").fetchall():
+            backend.put_vector(seq, "test", "digest", b"\x00\x01")
+            db.execute_sql(
+                "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
+                f" created_at) VALUES ('ada', 'user', {p}, 'id', 'digest', 0)",
+                (f"key-{seq}",),
+            )
+    store.close()
+
+
+def left_of_ada(store: Store) -> tuple[int, int, int]:
+    """Ada's entries, vectors and idempotency keys still stored."""
+    db = store.tables.db
+    with db.connection_context():
+        return tuple(  # type: ignore[return-value]
+            db.execute_sql(sql).fetchone()[0]
+            for sql in (
+                "SELECT COUNT(*) FROM memories WHERE owner = 'ada'",
+                "SELECT COUNT(*) FROM memory_vectors",
+                "SELECT COUNT(*) FROM idempotency_keys WHERE owner = 'ada'",
+            )
+        )
+
+
+VISIBLE = f"SELECT COUNT(*) < {BIG} FROM memory_vectors"
+
+
+@contextlib.contextmanager
+def kill_point(db: str, when: str) -> Iterator[Callable[[], bool]]:
+    """Whether it is time to kill the daemon: `writing`, once it holds a
+    write transaction (mid-erasure); `visible`, once any of the erasure can
+    be seen from outside (a commit: an erasure done in several would be
+    caught half-way)."""
+    if db.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True) as connection:
+            sql = VISIBLE
+            if when == "writing":
+                sql = (
+                    "SELECT COUNT(*) > 0 FROM pg_stat_activity"
+                    " WHERE application_name = 'memory-sidecar' AND backend_xid IS NOT NULL"
+                )
+            yield lambda: bool(connection.execute(sql).fetchone()[0])  # type: ignore[index]
+        return
+    lite = sqlite3.connect(db, timeout=0, isolation_level=None)
+
+    def writing() -> bool:
+        try:
+            lite.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return True
+        lite.execute("ROLLBACK")
+        return False
+
+    try:
+        yield writing if when == "writing" else lambda: bool(lite.execute(VISIBLE).fetchone()[0])
+    finally:
+        lite.close()
+
+
+@pytest.mark.parametrize("when", ["writing", "visible"])
+def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
+    databases: Callable[[str], str], when: str
+) -> None:
+    db = databases("crash.db")
+    seed(db)
+    daemon = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
+    outcome: list[object] = []
+    try:
+        channel = grpc.insecure_channel(daemon.api)
+        stub = pb_grpc.MemoryServiceStub(channel)
+
+        def call() -> None:
+            try:
+                outcome.append(stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60))
+            except grpc.RpcError as error:
+                outcome.append(error.code())
+
+        with kill_point(db, when) as due:
+            caller = threading.Thread(target=call)
+            caller.start()
+            deadline = time.monotonic() + 30
+            while not due():
+                assert not outcome, "the call ended before its transaction was seen"
+                assert time.monotonic() < deadline, "the erasure never started"
+            daemon.process.send_signal(signal.SIGKILL)
+        caller.join(30)
+        channel.close()
+    finally:
+        daemon.close()
+    assert outcome == [grpc.StatusCode.UNAVAILABLE]
+
+    store = Store(db)
+    store.open()
+    try:
+        left, vectors, keys = left_of_ada(store)
+        audited = store.erasure.audit_log()
+        assert store.integrity_check() == "ok"
+        state = store.usage(Scope("coder", "ada"), [Tier.USER])
+    finally:
+        store.close()
+    # All or nothing: every entry and no audit row, or neither.
+    found = (left, vectors, keys, len(audited))
+    assert found in ((BIG, BIG, BIG, 0), (0, 0, 0, 1)), found
+    assert state[Tier.USER].entry_count == left
+
+    daemon = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(daemon.api) as channel:
+            stub = pb_grpc.MemoryServiceStub(channel)
+            retried = stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60).erasure
+            assert retried.memories == left
+            scope = pb.Scope(agent_id="coder", user_id="ada")
+            assert not stub.GetMemories(pb.GetMemoriesRequest(scope=scope), timeout=10).memories
+            bob = pb.Scope(agent_id="coder", user_id="bob")
+            assert len(stub.GetMemories(pb.GetMemoriesRequest(scope=bob), timeout=10).memories) == 1
+    finally:
+        daemon.close()
