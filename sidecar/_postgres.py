@@ -199,8 +199,14 @@ def _v6_vectors(db: Any) -> None:
 def _v7_lifecycle(db: Any) -> None:
     """Schema 7: as SQLite's (sidecar._sqlite._v7_lifecycle)."""
     db.execute_sql("ALTER TABLE memories ADD COLUMN expires_at BIGINT")
+    # Both partial (only rows that expire): the sweep finds the earliest
+    # expired rows anywhere; a write finds its own partition's.
     db.execute_sql(
         "CREATE INDEX idx_memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL"
+    )
+    db.execute_sql(
+        "CREATE INDEX idx_memories_partition_expiry ON memories (owner, tier, expires_at)"
+        " WHERE expires_at IS NOT NULL"
     )
     db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN erased BIGINT NOT NULL DEFAULT 0")
     db.execute_sql(

@@ -271,8 +271,14 @@ def _v7_lifecycle(db: PooledSqliteDatabase) -> None:
     the generation of the erasure, 0 for none), which the change feed
     delivers so every replica drops what showed the erased content."""
     db.execute_sql("ALTER TABLE memories ADD COLUMN expires_at INTEGER")
+    # Both partial (only rows that expire): the sweep finds the earliest
+    # expired rows anywhere; a write finds its own partition's.
     db.execute_sql(
         "CREATE INDEX idx_memories_expiry ON memories (expires_at) WHERE expires_at IS NOT NULL"
+    )
+    db.execute_sql(
+        "CREATE INDEX idx_memories_partition_expiry ON memories (owner, tier, expires_at)"
+        " WHERE expires_at IS NOT NULL"
     )
     db.execute_sql(f"ALTER TABLE {STATE_TABLE} ADD COLUMN erased INTEGER NOT NULL DEFAULT 0")
     db.execute_sql(

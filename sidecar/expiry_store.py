@@ -5,9 +5,11 @@ until they are removed.
 Reached as `store.expiry`; every write of the store also calls `purge` on
 its own partition, after locking its state row and before its budget check,
 so an expired entry never counts against a budget a write is checked
-against. Expired rows are found through the partial index
-idx_memories_expiry (schema 7), which holds only rows with an expiry: a
-database where nothing expires pays one empty index probe per write.
+against. Expired rows are found through the partial indexes of schema 7,
+which hold only rows with an expiry: idx_memories_partition_expiry for a
+partition's (a write's, the sweep's batch), idx_memories_expiry for the
+earliest anywhere (the sweep's `due`). A database where nothing expires pays
+one empty index probe per write.
 
 One of the storage modules, the only code that touches SQL (see
 sidecar.store). Like the store's, the sweep opens a pooled connection for
@@ -31,11 +33,10 @@ from sidecar.errors import NotFound
 from sidecar.memory import Tier, Usage
 
 _COLUMNS = "seq, id, content_chars"
-# The partition, as a condition no index serves: left to itself SQLite's
-# planner walks the partition's rows (a million, in a large tier) by its
-# (owner, tier) index instead of the few expired ones of the expiry index.
-# `x || ''` is the same text on both backends and hides the column.
-_OF_PARTITION = "owner || '' = {p} AND tier || '' = {p}"
+# idx_memories_partition_expiry (owner, tier, expires_at, partial) serves
+# this with the expiry condition: the partition's expired rows only, however
+# many rows the partition or other partitions hold, expired or not.
+_OF_PARTITION = "owner = {p} AND tier = {p}"
 
 
 class Expired(NamedTuple):
