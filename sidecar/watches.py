@@ -192,8 +192,12 @@ class Watch:
         log_ = hub.log
         if after < 0:
             raise _bad_generation(after)
+        # Events up to `began` were logged before the watch began: catching
+        # up on them is never "too slow", however many there are. From now
+        # on, that is the Sync point itself.
+        began: int | None = None
         if after == 0:
-            cursor = log_.settled(self.keys)
+            cursor = began = log_.settled(self.keys)
             yield Sync(cursor)
         else:
             newest = log_.newest()
@@ -206,9 +210,6 @@ class Watch:
                     metadata={"after_generation": after, "newest_generation": newest},
                 )
             cursor = after
-        # Events up to here were logged before the watch began: catching up
-        # on them is never "too slow", however many there are.
-        began: int | None = None
         while True:
             self.signal.clear()
             through = log_.settled(self.keys)

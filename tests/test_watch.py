@@ -48,7 +48,8 @@ class Watcher:
             pb.WatchMemoriesRequest(scope=scope, tier=tier, after_generation=after)
         )
         self.queue: queue.Queue[pb.MemoryEvent | grpc.RpcError] = queue.Queue()
-        # Cleared: the stream is not read until `resume_reading`.
+        # Cleared: the stream is not read past its first message until
+        # `resume_reading`.
         self._reading = threading.Event()
         if read:
             self._reading.set()
@@ -56,10 +57,12 @@ class Watcher:
         self._thread.start()
 
     def _read(self) -> None:
-        self._reading.wait()
+        # The first message (a SYNC, from now on) is always read: the test
+        # then knows where the stream starts before it writes.
         try:
             for response in self.call:
                 self.queue.put(response.event)
+                self._reading.wait()
         except grpc.RpcError as error:
             self.queue.put(error)
 
@@ -239,6 +242,8 @@ def test_a_slow_consumer_is_ended_with_a_generation_that_resumes(
     # each) the server's sends block, and the writes below pile up.
     channel = grpc.insecure_channel(running.addresses.api, options=[("grpc.http2.bdp_probe", 0)])
     watcher = watchers(pb_grpc.MemoryServiceStub(channel), read=False)
+    # The stream has started: the writes below come after its SYNC.
+    assert watcher.next().kind == K.KIND_SYNC
     ids = [running.add(f"{n} " + "x" * 8000, scope=SCOPE).memory.id for n in range(40)]
     watcher.resume_reading()
     events, error = watcher.drain()
