@@ -270,6 +270,14 @@ class Partitions:
         memory, usage = written.memory, written.usage
 
         def change(partition: AnyPartition, generation: int) -> AnyPartition | None:
+            if not written.created:
+                # Nothing new was stored (identical content, a replay): the
+                # generation advanced only for the expired entries the write
+                # removed first (_written takes them out). The existing
+                # entry is already held; appending it would show it twice.
+                if isinstance(partition, CompactPartition):
+                    return partition.removed((), generation, usage)
+                return None
             if isinstance(partition, CompactPartition):
                 return partition.added(memory, generation, usage)
             return partition.added(memory, generation, usage, **self._annotations())

@@ -437,3 +437,36 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     assert isinstance(now_held, CompactPartition)
     assert now_held.storage is held.storage
     assert now_held.generation > held.generation
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["identical", "idempotent_replay"])
+def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_one(
+    make_sidecar: MakeSidecar, replay: bool
+) -> None:
+    sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
+    for i in range(5):
+        sidecar.add(f"Standing fact number {i}", scope=SCOPE)
+    key_of_first = "add-standing-0" if replay else ""
+    existing = sidecar.add("The repo uses uv", scope=SCOPE, idempotency_key=key_of_first)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
+    sidecar.turn("s", "staging", scope=SCOPE)
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(held, CompactPartition)
+    wait_past(brief)
+
+    # Stores nothing new, but removes the expired entry first (the
+    # generation advances for that removal alone).
+    again = sidecar.add("The repo uses uv", scope=SCOPE, idempotency_key=key_of_first)
+    assert not again.created
+    assert again.memory.id == existing.memory.id
+    assert [m for _, m in events(sidecar, "expire")] == [brief.memory.id]
+    cached = sidecar.sidecar.engine.partitions.cached(key)
+    assert isinstance(cached, CompactPartition)
+    assert cached.count == 6
+    found = sidecar.stub.SearchMemories(
+        pb.SearchMemoriesRequest(scope=SCOPE, query="repo uses uv"), timeout=10
+    )
+    assert [h.memory.id for h in found.hits].count(existing.memory.id) == 1
+    turn = sidecar.turn("s2", "repo", scope=SCOPE)
+    assert turn.system_block.count("The repo uses uv") == 1
