@@ -40,7 +40,7 @@ from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings, Config
 from sidecar.embedding import Encoder
 from sidecar.errors import BudgetExceeded, InvalidArgument, SimilarExists
-from sidecar.expiry import Expiry
+from sidecar.expiry import AS_CONFIGURED, Expiry, Requested
 from sidecar.exports import Exports
 from sidecar.forgetting import Forgetting
 from sidecar.keywords import keywords
@@ -224,8 +224,10 @@ class MemoryEngine:
         *,
         idempotency_key: str = "",
         still_wanted: Wanted | None = None,
-        expires_at: int | None = None,
+        expiry: Requested = AS_CONFIGURED,
     ) -> Added:
+        # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
+        expires_at = self.expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
         self._screen(settings, "content", content)
         self._screen(settings, "category", category)

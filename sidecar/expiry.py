@@ -56,6 +56,10 @@ class Requested:
         return self.expires_at is not None or self.ttl_seconds != 0 or self.clear
 
 
+# Nothing asked: the agent's default for the tier (see Expiry.for_add).
+AS_CONFIGURED = Requested()
+
+
 class Expiry:
     """Expiries of new entries, and the sweep, over one store and its caches."""
 

@@ -242,7 +242,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             confidence,
             idempotency_key=key,
             still_wanted=_still_wanted(context),
-            expires_at=self._engine.expiry.for_add(scope, tier, requested_expiry(request)),
+            expiry=requested_expiry(request),
         )
         return pb.AddMemoryResponse(
             memory=memory_pb(added.memory),

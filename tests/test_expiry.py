@@ -189,6 +189,30 @@ def test_an_agents_default_ttl_applies_per_tier(make_sidecar: MakeSidecar) -> No
     assert lifetime(asked) == pytest.approx(86_400, abs=1)
 
 
+def test_an_agents_default_ttl_applies_to_the_models_tool_adds(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar(
+        "defaults: {memory_ttl_seconds: 3600}\nagents: {coder: {user_ttl_seconds: 60}}"
+    )
+    for target in ("memory", "user"):
+        arguments = (
+            f'{{"action":"add","target":"{target}","content":"Noted by the model ({target})"}}'
+        )
+        called = sidecar.stub.CallTool(
+            pb.CallToolRequest(scope=SCOPE, name="memory", arguments_json=arguments), timeout=10
+        )
+        assert not called.is_error, called.text
+    listed = {m.content: m for m in sidecar.list(scope=SCOPE).memories}
+    lifetimes = {
+        content: m.expires_at.ToSeconds() - m.created_at.ToSeconds()
+        for content, m in listed.items()
+        if m.HasField("expires_at")
+    }
+    assert lifetimes == {
+        "Noted by the model (memory)": pytest.approx(3600, abs=1),
+        "Noted by the model (user)": pytest.approx(60, abs=1),
+    }
+
+
 def _timestamp(moment: datetime) -> Timestamp:
     stamp = Timestamp()
     stamp.FromDatetime(moment)
@@ -383,7 +407,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
         expires = engine.expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))
         assert expires == to_micros(clock.now) + 60_000_000
         text = "The staging cluster is down"
-        brief = engine.add(scope, Tier.MEMORY, text, "", 1.0, expires_at=expires)
+        brief = engine.add(scope, Tier.MEMORY, text, "", 1.0, expiry=Requested(ttl_seconds=60))
         engine.add(scope, Tier.MEMORY, "The repo uses uv", "", 1.0)
         assert "staging" in engine.inject(scope, "s").system_block
         assert engine.inject(scope, "s").cache_hit
