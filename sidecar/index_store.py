@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from sidecar._statements import Record
+from sidecar._statements import KEEP_EXPIRED, Record
 from sidecar._tables import Tables, usage_of
 from sidecar.memory import Tier, Usage, rendered_chars
 
@@ -53,15 +53,20 @@ class IndexStore:
         one snapshot, without holding every row (or a Memory per row) at once."""
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
-            now = self._tables.now()
-            params = self._tables.sql.partition.params(owner=owner, tier=tier.value, now=now)
+            # Expired rows not yet removed too: they are in the state row's
+            # entry_count, which a restored index must match (Indexer.load),
+            # and the entries a compact partition returns are read back,
+            # expired ones left out (Store.memories_by_seq).
+            params = self._tables.sql.partition.params(
+                owner=owner, tier=tier.value, now=KEEP_EXPIRED
+            )
             chars = count = 0
             for rows in self._backend.batches(self._tables.sql.partition.sql, params, batch):
                 records = [Record(*row) for row in rows]
                 chars += sum(r.content_chars for r in records)
                 count += len(records)
                 consume(records)
-        # Counted from the rows read: expired rows not yet swept weigh nothing.
+        # Counted from the rows read, as the state row counts them.
         return Usage(rendered_chars(chars, count), count), state.generation if state else 0
 
     def source(self, tier: Tier, owner: str) -> IndexSource:
@@ -73,8 +78,9 @@ class IndexStore:
                 return IndexSource(b"", 0, [], [], Usage(), state.generation if state else 0, 0)
             data = self._backend.read_index(owner, tier.value, state.indexed)
             seqs, logged = self._backend.changes_since(owner, tier.value, state.indexed)
-            # An entry expired since counts as removed.
-            changed = self._tables.records_by_seq(owner, tier, seqs, self._tables.now())
+            # An entry expired since is kept, as scan keeps it (the state
+            # row counts it until it is removed).
+            changed = self._tables.records_by_seq(owner, tier, seqs, KEEP_EXPIRED)
         present = {r.seq for r in changed}
         removed = [s for s in seqs if s not in present]
         usage = usage_of(state)

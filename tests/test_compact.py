@@ -389,6 +389,53 @@ def test_a_large_tier_is_loaded_from_its_persisted_index_and_the_writes_since(
     assert loaded.ops == 3
 
 
+def test_a_persisted_index_still_loads_once_entries_expire(make_sidecar: MakeSidecar) -> None:
+    """Expired rows not yet removed are in the tier's entry count, so the
+    index holds them too (reads leave them out): loading it needs no
+    reindexing from the rows, before or after a write removes them."""
+    config = (
+        "defaults: {memory_char_limit: 0}\n"
+        "server: {compact_tier_entries: %d, expiry_sweep_seconds: 0}"
+    )
+    full = make_sidecar(config % 0, name="same.db")
+    ids = [full.add(note, scope=SCOPE).memory.id for note in NOTES[:12]]
+    brief = full.add("the zebra deploy is paused today", scope=SCOPE, ttl_seconds=1)
+    key = (Tier.MEMORY, "agent")
+
+    def wait_past(memory: pb.Memory) -> None:
+        while datetime.now(UTC) <= memory.expires_at.ToDatetime(tzinfo=UTC):
+            time.sleep(0.05)
+
+    def loaded_from_index(indexed: int) -> Running:
+        running = make_sidecar(config % 10, name="same.db")
+        assert _hits(running, "zebra") == []
+        loaded = running.sidecar.engine.partitions.cached(key)
+        assert isinstance(loaded, CompactPartition)
+        assert loaded.storage.indexed == indexed  # 0: indexed again from the rows
+        return running
+
+    # Indexed from the rows while one of them has expired, not yet removed.
+    wait_past(brief.memory)
+    first = make_sidecar(config % 10, name="same.db")
+    assert _hits(first, "zebra") == []
+    _wait_indexed(first)
+    indexed, _ = _state(first)
+    assert indexed > 0
+    loaded_from_index(indexed)
+
+    # An entry given a TTL after the index was saved expires: its change is
+    # logged, and the write removed the other one.
+    first.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(
+            id=ids[1], scope=SCOPE, content="note 1: the zebra cron", ttl_seconds=1
+        ),
+        timeout=10,
+    )
+    updated = first.list(scope=SCOPE, include_expired=True).memories
+    wait_past(next(m for m in updated if m.id == ids[1]))
+    loaded_from_index(indexed)
+
+
 def test_a_bulk_write_drops_the_persisted_index(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar(
         "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 10}", name="bulk.db"
