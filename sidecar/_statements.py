@@ -67,14 +67,16 @@ class Statements:
         self._by_seqs: dict[int, Template] = {}
         scope = (Row.owner == "\x00owner") & (Row.tier == "\x00tier")
         marks = {"owner": "\x00owner", "tier": "\x00tier"}
+        unexpired = Row.expires_at.is_null() | (Row.expires_at > -1_000_005)
+        # An expired row a write left (its purge is bounded) is no twin.
         self.identical = Template(
             Row.select(*columns)
             .where(scope & (Row.content_sha256 == "\x00digest") & (Row.content == "\x00content"))
+            .where(unexpired)
             .order_by(Row.seq)
             .limit(1),
-            {**marks, "digest": "\x00digest", "content": "\x00content"},
+            {**marks, "digest": "\x00digest", "content": "\x00content", "now": -1_000_005},
         )
-        unexpired = Row.expires_at.is_null() | (Row.expires_at > -1_000_005)
         self.partition = Template(
             Row.select(*columns).where(scope & unexpired).order_by(Row.seq),
             {**marks, "now": -1_000_005},

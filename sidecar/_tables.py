@@ -82,14 +82,16 @@ class Tables:
         delete, expire, erase). Inside the write's transaction, after advance."""
         self.backend.append_event(generation, owner, tier.value, kind, memory_id, at)
 
-    def identical(self, owner: str, tier: Tier, content: str) -> Record | None:
-        """The first entry of this owner and tier with exactly this content."""
+    def identical(self, owner: str, tier: Tier, content: str, now: int) -> Record | None:
+        """The first entry of this owner and tier with exactly this content,
+        not expired by `now`."""
         rows = self.rows_of(
             self.sql.identical,
             owner=owner,
             tier=tier.value,
             digest=_sqlite.content_digest(content),
             content=content,
+            now=now,
         )
         return rows[0] if rows else None
 

@@ -266,7 +266,7 @@ def import_entries(
             if Row.select().where(Row.memory_id == entry.id).exists():
                 report.skipped.append((entry, "id already present"))
                 continue
-            if tables.identical(owner, tier, entry.content) is not None:
+            if tables.identical(owner, tier, entry.content, tables.now()) is not None:
                 report.skipped.append((entry, "identical entry already present"))
                 continue
             added = len(entry.content) + (SEPARATOR_CHARS if count else 0)

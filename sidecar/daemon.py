@@ -63,6 +63,7 @@ def open_store(config: Config, metrics: Metrics | None = None) -> Store:
         # again), and a few for start-up and tools.
         max_connections=server.max_workers * (2 if server.mcp_listen else 1) + 4,
         on_query=metrics.db_query if metrics else None,
+        expiry_batch=server.expiry_sweep_batch,
     )
 
 

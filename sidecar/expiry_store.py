@@ -2,21 +2,24 @@
 write transaction, the sweep's batches, and what expired rows still weigh
 until they are removed.
 
-Reached as `store.expiry`; every write of the store also calls `purge` on
-its own partition, after locking its state row and before its budget check,
-so an expired entry never counts against a budget a write is checked
-against. Expired rows are found through the partial indexes of schema 7,
-which hold only rows with an expiry: idx_memories_partition_expiry for a
-partition's (a write's, the sweep's batch), idx_memories_expiry for the
-earliest anywhere (the sweep's `due`). A database where nothing expires pays
-one empty index probe per write.
+Reached as `store.expiry`; every write of the store also calls
+`purge_bounded` on its own partition, after locking its state row and
+before its budget check: it removes at most `batch` expired rows
+(server.expiry_sweep_batch), and an expired row it leaves never counts
+against the budget the write is checked against. Expired rows are found
+through the partial indexes of schema 7, which hold only rows with an
+expiry: idx_memories_partition_expiry for a partition's (a write's, the
+sweep's batch), idx_memories_expiry for the earliest anywhere (the sweep's
+`due`). A database where nothing expires pays one empty index probe per
+write.
 
 One of the storage modules, the only code that touches SQL (see
 sidecar.store). Like the store's, the sweep opens a pooled connection for
 its own duration and locks the partition's state row.
 
-Owns: purge and advance (inside a write), ExpiryStore (the sweep's batches, the
-partitions with expired rows, the usage expired rows hold). Must not touch:
+Owns: purge, purge_bounded and advance (inside a write), ExpiryStore (the
+sweep's batches, the partitions with expired rows, the usage expired rows
+hold). Must not touch:
 caches, partitions or the change feed (sidecar.expiry updates them), the
 engine, configuration.
 """
@@ -94,19 +97,62 @@ def purge(
     return after, found
 
 
+class Purged(NamedTuple):
+    """What a write's purge did: the partition's state without the rows it
+    removed, those rows, and the weight of the expired rows it left (only
+    when it hit its limit): invisible, they count in no budget and no usage
+    the write reports (`weighed`), but in the state row until removed."""
+
+    state: PartitionState
+    removed: list[Expired]
+    left_chars: int = 0
+    left_count: int = 0
+
+    def weighed(self, state: PartitionState) -> PartitionState:
+        """`state` (this one, or the write's after it) without the expired rows left."""
+        return state._replace(
+            content_chars=state.content_chars - self.left_chars,
+            entry_count=state.entry_count - self.left_count,
+        )
+
+
+def purge_bounded(
+    tables: Tables, owner: str, tier: Tier, locked: PartitionState, now: int, limit: int
+) -> Purged:
+    """purge, at most `limit` rows, for a write: one write never removes
+    (and logs, and tombstones) a mass expiry at once, holding the write lock
+    meanwhile; the sweep and later writes remove the rest."""
+    state, removed = purge(tables, owner, tier, locked, now, limit)
+    if len(removed) < limit:
+        return Purged(state, removed)
+    chars, count = _expired_weight(tables, owner, tier.value, now)
+    return Purged(state, removed, chars, count)
+
+
 def purge_edited(
-    tables: Tables, row: Record, locked: PartitionState, now: int
-) -> tuple[PartitionState, list[Expired]]:
-    """purge, for a write that edits `row`: an expired entry itself cannot
-    be edited (it is gone: NOT_FOUND, reason EXPIRED)."""
-    state, expired = purge(tables, row.owner, Tier(row.tier), locked, now)
-    if any(gone.seq == row.seq for gone in expired):
+    tables: Tables, row: Record, locked: PartitionState, now: int, limit: int
+) -> Purged:
+    """purge_bounded, for a write that edits `row`: an expired entry itself
+    cannot be edited (it is gone: NOT_FOUND, reason EXPIRED), removed by
+    this write or not."""
+    if row.expires_at is not None and row.expires_at <= now:
         raise NotFound(
             f"the memory with id {row.memory_id!r} has expired",
             reason="EXPIRED",
             metadata={"id": row.memory_id},
         )
-    return state, expired
+    return purge_bounded(tables, row.owner, Tier(row.tier), locked, now, limit)
+
+
+def _expired_weight(tables: Tables, owner: str, tier: str, now: int) -> tuple[int, int]:
+    """(content chars, rows) of the partition's rows expired by `now`."""
+    p = tables.db.param
+    sql = (
+        "SELECT COALESCE(SUM(content_chars), 0), COUNT(*) FROM memories"
+        f" WHERE expires_at IS NOT NULL AND expires_at <= {p} AND {_OF_PARTITION.format(p=p)}"
+    )
+    chars, count = tables.db.execute_sql(sql, (now, owner, tier)).fetchone()
+    return int(chars), int(count)
 
 
 def advance(
@@ -131,10 +177,12 @@ def advance(
 class ExpiryStore:
     """The expiry sweep's storage half, over one store's tables."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, *, batch: int = 500) -> None:
         self._tables = tables
         self._backend = tables.backend
         self._db = tables.db
+        # At most this many expired rows are removed by one write (server.expiry_sweep_batch).
+        self.batch = batch
 
     def due(self, now: int, limit: int) -> list[tuple[Tier, str]]:
         """Partitions holding rows expired by `now`, from the first `limit`
@@ -169,17 +217,9 @@ class ExpiryStore:
         """The (owner, tier) partitions' states without their rows expired
         by `now` and not yet removed: those weigh nothing in usage. Call
         inside a connection."""
-        p = self._db.param
-        sql = (
-            "SELECT COALESCE(SUM(content_chars), 0), COUNT(*) FROM memories"
-            f" WHERE expires_at IS NOT NULL AND expires_at <= {p} AND {_OF_PARTITION.format(p=p)}"
-        )
         found = dict(states)
         for (owner, tier), state in states.items():
-            chars, count = self._db.execute_sql(sql, (now, owner, tier)).fetchone()
+            chars, count = _expired_weight(self._tables, owner, tier, now)
             if count:
-                found[(owner, tier)] = state._replace(
-                    content_chars=state.content_chars - int(chars),
-                    entry_count=state.entry_count - int(count),
-                )
+                found[(owner, tier)] = Purged(state, [], chars, count).weighed(state)
         return found

@@ -40,7 +40,7 @@ from sidecar.errors import (
     InvalidArgument,
 )
 from sidecar.event_log import EventLog
-from sidecar.expiry_store import Expired, ExpiryStore, advance, purge, purge_edited
+from sidecar.expiry_store import Expired, ExpiryStore, Purged, advance, purge_bounded, purge_edited
 from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.schema import _Row
@@ -105,6 +105,7 @@ class Store:
         max_connections: int = 64,
         clock: Clock = system_clock,
         on_query: Callable[[str, float], None] | None = None,
+        expiry_batch: int = 500,
     ) -> None:
         self._clock = self.clock = clock  # "now" for expiry here and in the caches above
         self._backend: Backend
@@ -132,7 +133,7 @@ class Store:
         # rows that have a module each (sidecar.archive reaches `tables`).
         self.tables = Tables(self._backend, clock)
         self.indexes = IndexStore(self.tables)
-        self.expiry = ExpiryStore(self.tables)
+        self.expiry = ExpiryStore(self.tables, batch=expiry_batch)
         self.vectors = VectorStore(self.tables)
         self.events = EventLog(self.tables)
         self.erasure = Erasure(self.tables, clock)
@@ -245,18 +246,19 @@ class Store:
             locked = self._backend.lock_partition(owner, tier.value)
             _require_caller(still_wanted)
             now = to_micros(self._clock())
-            state, expired = purge(self.tables, owner, tier, locked, now)
-            usage = usage_of(state)
+            purged = purge_bounded(self.tables, owner, tier, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
+            usage = usage_of(purged.weighed(state))
             if idempotency_key:
                 earlier = _replay(self.tables, owner, tier, idempotency_key, content, now)
                 if earlier is not None:
-                    return _unchanged(self.tables, earlier, locked, state, expired, now)
-            existing = self.tables.identical(owner, tier, content)
+                    return _unchanged(self.tables, earlier, locked, purged, now)
+            existing = self.tables.identical(owner, tier, content, now)
             if existing is not None:
                 key, known = idempotency_key, existing.memory_id
                 _remember(self.tables, owner, tier, key, known, content, now)
-                return _unchanged(self.tables, existing, locked, state, expired, now)
-            added = len(content) + (SEPARATOR_CHARS if state.entry_count else 0)
+                return _unchanged(self.tables, existing, locked, purged, now)
+            added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
             _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
             row = self.tables.insert(
                 str(uuid.uuid4()), owner, tier, content, category, confidence, now,
@@ -272,7 +274,7 @@ class Store:
             )
             generation = advance(self.tables, owner, tier, after, expired, row.seq, now)
             self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
-            return _done(row, after, True, locked, generation, expired)
+            return _done(row, purged.weighed(after), True, locked, generation, expired)
 
     def update(
         self,
@@ -303,13 +305,14 @@ class Store:
             _require_caller(still_wanted)
             tier = Tier(row.tier)
             now = to_micros(self._clock())
-            state, expired = purge_edited(self.tables, row, locked, now)
+            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
             policy = policies[tier]
             _require_enabled(tier, policy)
-            usage = usage_of(state)
+            usage = usage_of(purged.weighed(state))
             after = state
             if content is not None and content != row.content:
-                twin = self.tables.identical(row.owner, tier, content)
+                twin = self.tables.identical(row.owner, tier, content, now)
                 if twin is not None:
                     raise AlreadyExists(
                         f"another entry of the {tier.label} tier already says exactly this "
@@ -349,7 +352,7 @@ class Store:
             )
             generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
-            return _done(row, after, False, locked, generation, expired)
+            return _done(row, purged.weighed(after), False, locked, generation, expired)
 
     def delete(
         self,
@@ -366,7 +369,8 @@ class Store:
             row, locked = self.tables.edited(scope, memory_id, match, tier)
             _require_caller(still_wanted)
             now = to_micros(self._clock())
-            state, expired = purge_edited(self.tables, row, locked, now)
+            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
             self._db.execute_sql(
                 self.tables.sql.delete.sql, self.tables.sql.delete.params(seq=row.seq)
             )
@@ -377,7 +381,7 @@ class Store:
             tier = Tier(row.tier)
             generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "delete", row.memory_id, now)
-            return _done(row, after, False, locked, generation, expired)
+            return _done(row, purged.weighed(after), False, locked, generation, expired)
 
     # --- reads --------------------------------------------------------------
 
@@ -511,19 +515,14 @@ def _done(
 
 
 def _unchanged(
-    tables: Tables,
-    row: _Row | Record,
-    locked: PartitionState,
-    state: PartitionState,
-    expired: list[Expired],
-    now: int,
+    tables: Tables, row: _Row | Record, locked: PartitionState, purged: Purged, now: int
 ) -> Written:
     """An add that stored nothing new: the partition still advances if it
     removed expired rows first."""
-    generation = locked.generation
+    generation, state, expired = locked.generation, purged.state, purged.removed
     if expired:
         generation = advance(tables, row.owner, Tier(row.tier), state, expired, None, now)
-    return _done(row, state, False, locked, generation, expired)
+    return _done(row, purged.weighed(state), False, locked, generation, expired)
 
 
 def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:

@@ -494,3 +494,37 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     assert [h.memory.id for h in found.hits].count(existing.memory.id) == 1
     turn = sidecar.turn("s2", "repo", scope=SCOPE)
     assert turn.system_block.count("The repo uses uv") == 1
+
+
+def test_a_write_removes_at_most_a_batch_of_expired_entries(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar("defaults: {memory_char_limit: 400}", expiry_sweep_batch=3, **NO_SWEEP)
+    briefs = [
+        sidecar.add(f"expiring note number {i:02d} here", scope=SCOPE, ttl_seconds=1)
+        for i in range(10)
+    ]
+    wait_past(briefs[-1])
+
+    # The write removes three, in its own transaction; the seven left stay
+    # invisible and weigh nothing in the budget it is checked against.
+    added = sidecar.add("n" * 200, scope=SCOPE)
+    assert added.created
+    assert (added.usage.used_chars, added.usage.entry_count) == (200, 1)
+    assert len(events(sidecar, "expire")) == 3
+    assert row_count(sidecar) == 8
+    assert contents(sidecar.list(scope=SCOPE)) == ["n" * 200]
+    # A leftover expired entry is no twin of new content: it is stored anew.
+    again = sidecar.add("expiring note number 09 here", scope=SCOPE)
+    assert again.created
+    assert again.memory.id not in {b.memory.id for b in briefs}
+    assert len(events(sidecar, "expire")) == 6
+    # Nor can one be edited while its row is still there.
+    error = refused(
+        sidecar.stub.UpdateMemory,
+        pb.UpdateMemoryRequest(id=briefs[8].memory.id, scope=SCOPE, content="edited"),
+        timeout=10,
+    )
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(error).reason == "EXPIRED"
+    assert len(events(sidecar, "expire")) == 6
+    assert sidecar.sidecar.engine.expiry.run_once() == 4
+    assert row_count(sidecar) == 2
