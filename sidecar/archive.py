@@ -38,6 +38,7 @@ from sidecar._statements import Record
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
 from sidecar.errors import InvalidArgument, SidecarError
+from sidecar.expiry_store import advance, purge_bounded
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, check_confidence
 from sidecar.store import Store, TierPolicy
 
@@ -256,9 +257,15 @@ def import_entries(
     tables = store.tables
     backend, Row = tables.backend, tables.rows
     with backend.guard(), backend.db.connection_context(), backend.write_transaction():
-        state = backend.lock_partition(owner, tier.value)
-        used, count = usage_of(state).used_chars, state.entry_count
-        chars = state.content_chars
+        locked = backend.lock_partition(owner, tier.value)
+        # As every write: the tier's expired rows go first (at most a
+        # batch), and those left weigh nothing and match nothing.
+        now = tables.now()
+        purged = purge_bounded(tables, owner, tier, locked, now, store.expiry.batch)
+        state = purged.state
+        weighed = usage_of(purged.weighed(state))
+        used, count = weighed.used_chars, weighed.entry_count
+        chars, rows = state.content_chars, state.entry_count
         for entry in entries:
             if not entry.content:
                 report.skipped.append((entry, "empty content"))
@@ -266,7 +273,7 @@ def import_entries(
             if Row.select().where(Row.memory_id == entry.id).exists():
                 report.skipped.append((entry, "id already present"))
                 continue
-            if tables.identical(owner, tier, entry.content, tables.now()) is not None:
+            if tables.identical(owner, tier, entry.content, now) is not None:
                 report.skipped.append((entry, "identical entry already present"))
                 continue
             added = len(entry.content) + (SEPARATOR_CHARS if count else 0)
@@ -289,9 +296,16 @@ def import_entries(
                 entry.created_at_micros,
             )
             used, count, chars = used + added, count + 1, chars + len(entry.content)
+            rows += 1
             report.imported.append(entry)
+        after = state._replace(content_chars=chars, entry_count=rows)
         if report.imported:
-            tables.advance(owner, tier, state._replace(content_chars=chars, entry_count=count))
+            # A bulk write: no seqs, so the tier's compact index is dropped.
+            generation = tables.advance(owner, tier, after)
+            for gone in purged.removed:
+                tables.logged(owner, tier, generation, "expire", gone.memory_id, now)
+        elif purged.removed:
+            advance(tables, owner, tier, after, purged.removed, None, now)
     if report.imported:
         schema.analyze(backend)
     return report

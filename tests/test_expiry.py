@@ -20,14 +20,15 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import admin, config
+from sidecar import admin, archive, config
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.archive import LegacyEntry
 from sidecar.clock import to_micros
 from sidecar.compact import CompactPartition
 from sidecar.engine import MemoryEngine
 from sidecar.expiry import Requested
 from sidecar.memory import Scope, Tier
-from sidecar.store import Store
+from sidecar.store import Store, TierPolicy
 from tests.conftest import MakeSidecar, Running, error_info, refused
 
 pytestmark = pytest.mark.contract
@@ -528,3 +529,33 @@ def test_a_write_removes_at_most_a_batch_of_expired_entries(make_sidecar: MakeSi
     assert len(events(sidecar, "expire")) == 6
     assert sidecar.sidecar.engine.expiry.run_once() == 4
     assert row_count(sidecar) == 2
+
+
+def test_an_import_removes_expired_entries_first(tmp_path: Path) -> None:
+    clock = WallClock()
+    store = Store(str(tmp_path / "m.db"), clock=clock)
+    store.open()
+    try:
+        scope, policy = Scope("coder"), TierPolicy(60)
+        soon = to_micros(clock.now) + 1_000_000
+        for text in ("User's shell is fish", "x" * 35):
+            store.add(scope, Tier.MEMORY, text, "", 1.0, policy, expires_at=soon)
+        clock.now += timedelta(seconds=2)
+        entries = [
+            LegacyEntry("0b1c", "User's shell is fish", "environment", to_micros(clock.now)),
+            LegacyEntry("1d2e", "Run tests with `just test`", "workflow", to_micros(clock.now)),
+        ]
+
+        # Neither is a duplicate of an expired entry, and those weigh nothing.
+        report = archive.import_entries(store, scope, Tier.MEMORY, entries, policy)
+        assert report.skipped == []
+        assert [e.id for e in report.imported] == ["0b1c", "1d2e"]
+        listed, _ = store.list_memories(scope, [Tier.MEMORY], "", include_expired=True)
+        assert [m.id for m in listed] == ["0b1c", "1d2e"]
+        assert store.usage(scope, [Tier.MEMORY])[Tier.MEMORY].entry_count == 2
+        db = store.tables.db
+        with db.connection_context():
+            kinds = db.execute_sql("SELECT kind FROM memory_events").fetchall()
+        assert [k for (k,) in kinds].count("expire") == 2
+    finally:
+        store.close()
