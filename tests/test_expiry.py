@@ -146,7 +146,36 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
         pb.CallToolRequest(scope=SCOPE, name="memory_search", arguments_json='{"query":"deploy"}'),
         timeout=10,
     )
+    assert not tool.is_error, tool.text
+    assert all(f"deploy note {i} stays" in tool.text for i in range(3))
     assert "expires" not in tool.text
+    # ExportMemories (the RPC) reads the same way.
+    exported = "".join(
+        r.jsonl
+        for r in sidecar.stub.ExportMemories(pb.ExportMemoriesRequest(scope=SCOPE), timeout=10)
+    )
+    lines = enumerate(exported.splitlines(), start=1)
+    assert [archive.parse_line(n, line)[1].content for n, line in lines] == contents(listed)
+
+
+@pytest.mark.parametrize("write", ["update", "delete"])
+def test_an_expired_entry_cannot_be_updated_or_deleted(sidecar: Running, write: str) -> None:
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
+    wait_past(brief)
+    call: Callable[..., object]
+    if write == "update":
+        request: object = pb.UpdateMemoryRequest(id=brief.memory.id, scope=SCOPE, content="up")
+        call = sidecar.stub.UpdateMemory
+    else:
+        request = pb.DeleteMemoryRequest(id=brief.memory.id, scope=SCOPE)
+        call = sidecar.stub.DeleteMemory
+    error = refused(call, request, timeout=10)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    info = error_info(error)
+    assert (info.reason, info.metadata["id"]) == ("EXPIRED", brief.memory.id)
+    # Refused before anything was written: the row waits for the sweep.
+    assert row_count(sidecar) == 1
+    assert events(sidecar, "expire") == []
 
 
 def test_expired_entries_do_not_count_against_the_budget(make_sidecar: MakeSidecar) -> None:
