@@ -285,6 +285,36 @@ def test_a_resume_from_before_the_horizon_is_refused(
     assert old.id != later.id
 
 
+def test_an_idle_watch_keeps_a_resume_point_past_other_scopes_pruned_events(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    # The horizon follows the whole database: a scope idle while others are
+    # written must not find its own last generation below it.
+    running = make_sidecar(watch_bookmark_seconds=0.2)
+    watcher, synced_at = synced(watchers, running.stub)
+    other = pb.Scope(agent_id="reviewer", user_id="bob")
+    for n in range(3):
+        running.add(f"another scope's note {n}", scope=other)
+    newest = running.sidecar.engine.watches.log.newest()
+    # The idle watch's bookmark: a SYNC past the other scope's generations.
+    bookmark = watcher.next()
+    while bookmark.generation < newest:
+        bookmark = watcher.next()
+    assert bookmark.kind == K.KIND_SYNC
+    assert bookmark.generation > synced_at
+    # Eight days on, the other scope's events are pruned.
+    retention = running.sidecar.engine.watches.retention
+    assert retention.run_once(datetime.now(UTC) + timedelta(days=8)) == 3
+    mine = running.add("this scope's next note", scope=SCOPE).memory
+    event = watcher.next()
+    while event.kind == K.KIND_SYNC:
+        event = watcher.next()
+    assert (event.kind, event.id) == (K.KIND_ADD, mine.id)
+    # A client that reconnects with the bookmark resumes too.
+    event = watchers(running.stub, bookmark.generation).next()
+    assert (event.kind, event.id) == (K.KIND_ADD, mine.id)
+
+
 def test_a_resume_from_another_databases_future_is_refused(
     make_sidecar: MakeSidecar, watchers: Watch
 ) -> None:
