@@ -195,9 +195,11 @@ class Watch:
         self.cancelled = True
         self.signal.set()
 
-    def events(self, after: int) -> Iterator[Event | Sync]:
+    def events(self, after: int, within: Key | None = None) -> Iterator[Event | Sync]:
         """The scope's events after generation `after` (0: from now on,
-        first a Sync), in generation order, then live until cancelled."""
+        first a Sync), in generation order, then live until cancelled.
+        With `within` (the tier and id of the last event received), the
+        rest of generation `after` comes first: a stream cut inside it."""
         hub = self._hub
         log_ = hub.log
         if after < 0:
@@ -221,6 +223,12 @@ class Watch:
                     metadata={"after_generation": after, "newest_generation": newest},
                 )
             cursor = sent = after
+            if within is not None:
+                rest = log_.rest(self.keys, after, within)
+                # Generation `after` itself must still be held.
+                if rest.horizon >= after:
+                    raise _pruned(after, rest.horizon)
+                yield from rest.events
         # When the next bookmark is due (a monotonic time).
         due = time.monotonic() + hub.bookmark
         while True:

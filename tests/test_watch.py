@@ -43,9 +43,17 @@ class Watcher:
         scope: pb.Scope = SCOPE,
         tier: int = pb.TIER_UNSPECIFIED,
         read: bool = True,
+        after_tier: int = pb.TIER_UNSPECIFIED,
+        after_id: str = "",
     ) -> None:
         self.call = stub.WatchMemories(
-            pb.WatchMemoriesRequest(scope=scope, tier=tier, after_generation=after)
+            pb.WatchMemoriesRequest(
+                scope=scope,
+                tier=tier,
+                after_generation=after,
+                after_tier=after_tier,
+                after_id=after_id,
+            )
         )
         self.queue: queue.Queue[pb.MemoryEvent | grpc.RpcError] = queue.Queue()
         # Cleared: the stream is not read past its first message until
@@ -387,3 +395,31 @@ def test_the_sweeps_and_erasures_events_reach_watchers_through_the_feed(
         (K.KIND_EXPIRE, pb.TIER_MEMORY, note.id, False),
         (K.KIND_ERASE, pb.TIER_USER, "", False),
     ]
+
+
+def test_a_resume_inside_a_generation_sends_the_rest_of_it(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    ids = sorted(running.add(f"expires soon {n}", scope=SCOPE).memory.id for n in range(3))
+    # As an expiry sweep's batch: three events under one generation.
+    store = running.store
+    with store._db.connection_context(), store._backend.write_transaction():
+        state = store._backend.lock_partition("coder", Tier.MEMORY.value)
+        generation = store._backend.advance(
+            "coder", Tier.MEMORY.value, state.content_chars, state.entry_count
+        )
+        for memory_id in ids:
+            store.tables.logged("coder", Tier.MEMORY, generation, "expire", memory_id, 0)
+    later = running.add("written after the batch", scope=SCOPE).memory
+    # A stream cut after the batch's first event resumes with the rest.
+    watcher = watchers(running.stub, generation, after_tier=pb.TIER_MEMORY, after_id=ids[0])
+    assert [(e.kind, e.generation, e.id) for e in watcher.take(3)] == [
+        (K.KIND_EXPIRE, generation, ids[1]),
+        (K.KIND_EXPIRE, generation, ids[2]),
+        (K.KIND_ADD, generation + 1, later.id),
+    ]
+    for bad in ({"after_tier": pb.TIER_MEMORY}, {"after_id": ids[0]}):
+        error = refused(lambda bad=bad: watchers(running.stub, generation, **bad).next())
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(error).reason == "RESUME_POINT_INVALID"
