@@ -18,9 +18,12 @@ from typing import Any
 import grpc
 import pytest
 
+from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.archive import LegacyEntry
+from sidecar.memory import Memory, Scope, Tier
+from sidecar.store import TierPolicy
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -423,3 +426,33 @@ def test_a_resume_inside_a_generation_sends_the_rest_of_it(
         error = refused(lambda bad=bad: watchers(running.stub, generation, **bad).next())
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(error).reason == "RESUME_POINT_INVALID"
+
+
+def test_restored_and_imported_entries_reach_watchers(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    watcher, _ = synced(watchers, running.stub)
+    # `memory-sidecar import` and import-cagent, run beside the daemon:
+    # straight through the store, so only the change feed wakes the watch.
+    restored = Memory(
+        id="restored-1",
+        tier=Tier.MEMORY,
+        content="restored from a dump",
+        category="note",
+        confidence=1.0,
+        created_at=datetime.now(UTC),
+        updated_at=datetime.now(UTC),
+    )
+    assert archive.restore(running.store, [("coder", restored)]) == (1, [])
+    legacy = [LegacyEntry(f"cagent-{n}", f"imported from cagent {n}", "", 0) for n in range(2)]
+    scope = Scope(agent_id="coder", user_id="ada")
+    report = archive.import_entries(running.store, scope, Tier.USER, legacy, TierPolicy(0))
+    assert len(report.imported) == 2
+    events = watcher.take(3)
+    assert [(e.kind, e.tier, e.id) for e in events] == [
+        (K.KIND_ADD, pb.TIER_MEMORY, "restored-1"),
+        (K.KIND_ADD, pb.TIER_USER, "cagent-0"),
+        (K.KIND_ADD, pb.TIER_USER, "cagent-1"),
+    ]
+    assert events[0].memory.content == "restored from a dump"
