@@ -378,7 +378,12 @@ class Sidecar:
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
         # A cancelled export lets go of its read at its next response.
-        self.engine.exports.drain(max(grace, 1.0))
+        if not self.engine.exports.drain(max(grace, 1.0)):
+            # Its read may then fail when the store closes under it.
+            log.warning(
+                "stopping while %d ExportMemories streams still read the store",
+                self.engine.exports.running,
+            )
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:

@@ -4,6 +4,7 @@ from one snapshot, resumable from a cursor, and `memory-sidecar export
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import subprocess
@@ -259,6 +260,16 @@ def test_stopping_the_daemon_mid_export_ends_the_stream_first(make_sidecar: Make
         received.extend(stream)
     assert cut.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     assert 10 <= len(ids(received)) < 1200
+
+
+def test_stopping_says_when_an_export_outlives_the_drain(
+    make_sidecar: MakeSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    running = make_sidecar(UNLIMITED)
+    # A stream stuck in a read: its slot is never let go of.
+    with running.sidecar.engine.exports.slot(), caplog.at_level(logging.WARNING):
+        running.sidecar.stop(grace=0)
+    assert "1 ExportMemories streams still read the store" in caplog.text
 
 
 def test_permission_follows_the_grant(make_sidecar: MakeSidecar, tmp_path: Path) -> None:
