@@ -8,7 +8,9 @@ its own into a queue; waits are liveness bounds, never timing claims.
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar import archive
+from sidecar import archive, server
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.archive import LegacyEntry
@@ -456,3 +458,71 @@ def test_restored_and_imported_entries_reach_watchers(
         (K.KIND_ADD, pb.TIER_USER, "cagent-1"),
     ]
     assert events[0].memory.content == "restored from a dump"
+
+
+class FreezingProxy:
+    """A TCP proxy that, once frozen, forwards nothing more either way: a
+    client that vanished without closing its connection."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.frozen = threading.Event()
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            # Frozen: what arrives is swallowed, not answered, not closed.
+            if not self.frozen.is_set():
+                with contextlib.suppress(OSError):
+                    sink.sendall(data)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_a_vanished_clients_watch_ends_and_frees_its_slot(
+    make_sidecar: MakeSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon's keepalive, shortened: it pings the silent connection and
+    # closes it when no answer comes (60 s and 20 s by default).
+    monkeypatch.setattr(server, "KEEPALIVE_SECONDS", 0.5)
+    monkeypatch.setattr(server, "KEEPALIVE_TIMEOUT_SECONDS", 0.5)
+    running = make_sidecar()
+    proxy = FreezingProxy(running.addresses.api)
+    channel = grpc.insecure_channel(proxy.address)
+    try:
+        watcher = Watcher(pb_grpc.MemoryServiceStub(channel))
+        assert watcher.next().kind == K.KIND_SYNC
+        registry = running.sidecar.metrics.registry
+        assert registry.get_sample_value("memory_watches_open") == 1
+        proxy.frozen.set()
+        # A liveness bound: the watch ends on its own, its slot free.
+        deadline = time.monotonic() + WAIT_SECONDS
+        while registry.get_sample_value("memory_watches_open"):
+            assert time.monotonic() < deadline, "the vanished client's watch never ended"
+            time.sleep(0.05)
+    finally:
+        channel.close()
+        proxy.close()
