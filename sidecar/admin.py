@@ -193,13 +193,7 @@ class Online:
 
     def failure(self, method: str, exc: grpc.RpcError) -> CommandFailed:
         """What to tell the operator about a failed call."""
-        code = exc.code()
-        status = rpc_status.from_call(exc)
-        reason = ""
-        for detail in status.details if status else ():
-            info = error_details_pb2.ErrorInfo()
-            if detail.Unpack(info):
-                reason = info.reason
+        code, reason = exc.code(), _reason(exc)
         # No reason: gRPC's own failure (nothing listening, or still
         # starting when --timeout ran out), not the daemon's answer.
         transport = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -364,8 +358,9 @@ class Online:
 
     def do_export(self) -> int:
         """ExportMemories into a file (or stdout), resumed from the last
-        cursor received when the connection is cut (UNAVAILABLE), at most
-        --retries times in a row."""
+        cursor received when the stream is cut (UNAVAILABLE; CANCELLED, a
+        graceful stop; EXPORTS_BUSY, the cut stream still holding its slot
+        for a moment), at most --retries times in a row, backing off."""
         args = self.args
         request = pb.ExportMemoriesRequest(scope=self.scope, tier=TIERS[args.tier])
         if args.for_user is not None:
@@ -398,7 +393,7 @@ class Online:
                         + (f" ({count:,} memories written before the cut)" if count else "")
                     ) from None
                 except grpc.RpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    if not _resumable(exc):
                         raise self.failure("ExportMemories", exc) from None
                     if cuts >= args.retries:
                         raise CommandFailed(
@@ -414,6 +409,24 @@ class Online:
         if args.destination != "-":
             print(f"exported {count:,} memories to {args.destination}", file=self.out)
         return 0
+
+
+def _reason(exc: grpc.RpcError) -> str:
+    """The daemon's reason for a failed call ("" when gRPC's own)."""
+    status = rpc_status.from_call(exc)
+    for detail in status.details if status else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return str(info.reason)
+    return ""
+
+
+def _resumable(exc: grpc.RpcError) -> bool:
+    """Whether an export cut off this way may resume from its cursor."""
+    code = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return True
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(exc) == "EXPORTS_BUSY"
 
 
 def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:

@@ -14,8 +14,10 @@ Like the store's methods, each opens a pooled connection for its own
 duration. restore and import_entries lock each partition they write and
 advance its state row in their one transaction; restore applies no budget
 (it puts back what a store held), import_entries checks the budget and
-duplicates as every write does. `exported` holds one read transaction (one
-snapshot) for as long as its caller iterates.
+duplicates as every write does. Both log an `add` event per inserted
+entry under the partition's new generation (WatchMemories). `exported`
+holds one read transaction (one snapshot) for as long as its caller
+iterates.
 
 Owns: backup, dump, restore and import steps, the export line format
 (export_line, parse_line) and the export's keyset read. Must not touch: the
@@ -211,6 +213,8 @@ def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, l
     backend, Row = tables.backend, tables.rows
     inserted, present = 0, []
     states: dict[tuple[str, Tier], PartitionState] = {}
+    # Each partition's inserted ids: their `add` events, for WatchMemories.
+    added: dict[tuple[str, Tier], list[str]] = {}
     with backend.guard(), backend.db.connection_context(), backend.write_transaction():
         for owner, memory in entries:
             if Row.select().where(Row.memory_id == memory.id).exists():
@@ -235,9 +239,13 @@ def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, l
                 updated_at=to_micros(memory.updated_at),
                 expires_at=to_micros(memory.expires_at) if memory.expires_at else None,
             )
+            added.setdefault(key, []).append(memory.id)
             inserted += 1
+        now = to_micros(store.clock())
         for (owner, tier), state in states.items():
-            tables.advance(owner, tier, state)
+            generation = tables.advance(owner, tier, state)
+            for memory_id in added.get((owner, tier), ()):
+                tables.logged(owner, tier, generation, "add", memory_id, now)
     if inserted:
         schema.analyze(backend)
     return inserted, present
@@ -304,6 +312,10 @@ def import_entries(
             generation = tables.advance(owner, tier, after)
             for gone in purged.removed:
                 tables.logged(owner, tier, generation, "expire", gone.memory_id, now)
+            # Logged as every write's are: a mirror built from WatchMemories
+            # sees imported entries too (imports run while the daemon does).
+            for imported in report.imported:
+                tables.logged(owner, tier, generation, "add", imported.id, now)
         elif purged.removed:
             advance(tables, owner, tier, after, purged.removed, None, now)
     if report.imported:

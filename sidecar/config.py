@@ -136,6 +136,10 @@ class ServerSettings:
     # A watcher that falls further behind than this many events is ended
     # with WATCH_TOO_SLOW and the generation to resume from.
     watch_buffer_events: int = 1000
+    # An idle watch sends a SYNC with where it stands at most this often
+    # (when that moved), so a client always holds a recent resume point:
+    # the retention horizon follows the whole database's writes.
+    watch_bookmark_seconds: float = 60.0
     # How long the event log keeps events for watchers to resume (7 days:
     # a mirror offline over a long weekend resumes instead of exporting
     # again); 0 keeps them forever.

@@ -170,6 +170,31 @@ class EventLog:
         ]
         return Batch(events, through if cut > through else cut - 1, horizon)
 
+    def rest(self, keys: Sequence[Key], generation: int, after: tuple[Tier, str]) -> Batch:
+        """The partitions' events of one generation that follow `after` (a
+        tier and an id) in the order reads send them, (tier, memory_id): the
+        rest of a generation a stream was cut inside. One snapshot."""
+        p = self._p
+        sql = (
+            f"SELECT generation, kind, memory_id FROM {EVENTS_TABLE}"
+            f" WHERE owner = {p} AND tier = {p} AND generation = {p} ORDER BY memory_id"
+        )
+        last = (after[0].value, after[1])
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            horizon = self._horizon()
+            taken = []
+            for tier, owner in sorted(keys, key=lambda key: key[0].value):
+                rows = self._db.execute_sql(sql, (owner, tier.value, generation)).fetchall()
+                taken += [
+                    (int(g), str(k), str(m), tier) for g, k, m in rows if (tier.value, m) > last
+                ]
+            entries = self._entries([m for _g, k, m, _t in taken if k in ("add", "update")])
+        events = [
+            Event(g, tier, k, m, entries.get(m) if k in ("add", "update") else None)
+            for g, k, m, tier in taken
+        ]
+        return Batch(events, generation, horizon)
+
     def _entries(self, ids: list[str]) -> dict[str, Memory]:
         rows = self._tables.rows
         found: dict[str, Memory] = {}

@@ -172,9 +172,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
     def _record(
         self, labels: tuple[str, str, str], context: Any, started: float, failed: bool
     ) -> None:
-        code = cast(Any, context).code()
-        if code is None:
-            code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        code = ended_code(context, failed)
         self._metrics.grpc_handled.labels(*labels, go_code_name(code)).inc()
         self._metrics.grpc_seconds.labels(*labels).observe(self._clock() - started)
 
@@ -202,6 +200,27 @@ class MetricsInterceptor(grpc.ServerInterceptor):
                 self._record(labels, context, started, failed)
 
         return call
+
+
+def ended_code(context: Any, failed: bool) -> grpc.StatusCode:
+    """The status a call ended with, as far as its handler saw it.
+
+    A handler that set none either returned (OK), raised (UNKNOWN), or was
+    left by a caller that went away: a stream then ends early (its
+    generator returns on a cancel callback, or gRPC drops it and it is
+    closed with GeneratorExit) with no code set, and the call is no longer
+    active. That is the caller's CANCELLED (DEADLINE_EXCEEDED when its
+    deadline passed), not a failure of ours.
+    """
+    code = cast(Any, context).code()
+    if code is not None:
+        return cast(grpc.StatusCode, code)
+    if not context.is_active():
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
 
 
 class TokenFile(Reloading[bytes]):

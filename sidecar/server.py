@@ -55,6 +55,30 @@ log = logging.getLogger(__name__)
 _SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 # How long stop() waits, at the least, for a compact index being saved.
 INDEX_SAVE_GRACE_SECONDS = 10.0
+# A vanished client (a crashed host, a dropped NAT mapping) sends no FIN:
+# without pings its WatchMemories or ExportMemories stream would hold its
+# slot and worker until TCP gives up (gRPC's default keepalive is 2 hours).
+# The server pings an idle connection after KEEPALIVE_SECONDS and closes it
+# when no answer comes within KEEPALIVE_TIMEOUT_SECONDS.
+KEEPALIVE_SECONDS = 60.0
+KEEPALIVE_TIMEOUT_SECONDS = 20.0
+# How often a client may ping (grpc-go's and grpc-java's keepalive clients
+# default to no less than 10 s): more often is a GOAWAY, gRPC's policy.
+CLIENT_PING_SECONDS = 10.0
+
+
+def _keepalive_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+        ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+        # gRPC core times out any unanswered ping after this (a minute by
+        # default), whatever keepalive_timeout_ms says.
+        ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+        # Pings on a stream that sends nothing (an idle watch) too.
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(CLIENT_PING_SECONDS * 1000)),
+    ]
 
 
 def encoder_for(server: ServerSettings) -> Encoder | None:
@@ -228,6 +252,7 @@ class Sidecar:
             ],
             options=[
                 *_SERVER_OPTIONS,
+                *_keepalive_options(),
                 ("grpc.max_receive_message_length", config.server.max_request_bytes),
             ],
         )
@@ -378,7 +403,12 @@ class Sidecar:
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
         # A cancelled export lets go of its read at its next response.
-        self.engine.exports.drain(max(grace, 1.0))
+        if not self.engine.exports.drain(max(grace, 1.0)):
+            # Its read may then fail when the store closes under it.
+            log.warning(
+                "stopping while %d ExportMemories streams still read the store",
+                self.engine.exports.running,
+            )
         if self.engine.feed is not None:
             self.engine.feed.stop()
         if self.engine.semantic is not None:

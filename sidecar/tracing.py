@@ -44,7 +44,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from sidecar import __version__
-from sidecar.interceptors import _KINDS
+from sidecar.interceptors import _KINDS, ended_code
 
 SERVICE_NAME = "memory-sidecar"
 # OpenTelemetry's gRPC conventions: a server span is an error for these
@@ -199,9 +199,7 @@ class TracingInterceptor(grpc.ServerInterceptor):
 
 
 def _finish(span: trace.Span, context: Any, failed: bool) -> None:
-    code = context.code()
-    if code is None:
-        code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+    code = ended_code(context, failed)
     span.set_attribute("rpc.grpc.status_code", code.value[0])
     if code in _SERVER_ERRORS:
         # The code's name, not the status message: messages may quote a request.

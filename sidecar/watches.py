@@ -19,6 +19,13 @@ sends, and the count is made as soon as they return. At most
 `server.max_watches` streams run at once, since each holds a gRPC worker
 thread for its whole life.
 
+Bookmarks: the horizon follows the whole database's writes, so a scope
+idle for longer than the retention would find its own last generation
+below it. An idle watch therefore reads up to the settled bound every
+`server.watch_bookmark_seconds` (its cursor moves past other scopes'
+generations when none of its own lie between) and sends a Sync with the
+new cursor: the client's resume point is never older than that.
+
 Retention: `Retention.run_once(now)` deletes events older than
 `server.event_retention_seconds` in bounded batches and raises the log's
 horizon; a resume from before the horizon is refused rather than silently
@@ -35,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol
@@ -65,7 +73,8 @@ class Verifying(Protocol):
 
 
 class Sync(NamedTuple):
-    """The first answer of a watch from now on: where the stream stands."""
+    """Where the stream stands: the first answer of a watch from now on,
+    and an idle watch's bookmark (every event of the scope up to it sent)."""
 
     generation: int
 
@@ -86,6 +95,7 @@ class Watches:
         self.limit = server.watch_limit
         self.buffer = server.watch_buffer_events
         self.batch = min(self.buffer, BATCH_EVENTS)
+        self.bookmark = server.watch_bookmark_seconds
         # Whether news of other processes' writes can be trusted (the
         # engine's partitions); without it this process is the only writer.
         self._feed = feed
@@ -185,9 +195,11 @@ class Watch:
         self.cancelled = True
         self.signal.set()
 
-    def events(self, after: int) -> Iterator[Event | Sync]:
+    def events(self, after: int, within: Key | None = None) -> Iterator[Event | Sync]:
         """The scope's events after generation `after` (0: from now on,
-        first a Sync), in generation order, then live until cancelled."""
+        first a Sync), in generation order, then live until cancelled.
+        With `within` (the tier and id of the last event received), the
+        rest of generation `after` comes first: a stream cut inside it."""
         hub = self._hub
         log_ = hub.log
         if after < 0:
@@ -199,6 +211,7 @@ class Watch:
         if after == 0:
             cursor = began = log_.settled(self.keys)
             yield Sync(cursor)
+            sent = cursor
         else:
             newest = log_.newest()
             if after > newest:
@@ -209,7 +222,15 @@ class Watch:
                     reason="WATCH_GENERATION_AHEAD",
                     metadata={"after_generation": after, "newest_generation": newest},
                 )
-            cursor = after
+            cursor = sent = after
+            if within is not None:
+                rest = log_.rest(self.keys, after, within)
+                # Generation `after` itself must still be held.
+                if rest.horizon >= after:
+                    raise _pruned(after, rest.horizon)
+                yield from rest.events
+        # When the next bookmark is due (a monotonic time).
+        due = time.monotonic() + hub.bookmark
         while True:
             self.signal.clear()
             through = log_.settled(self.keys)
@@ -219,6 +240,8 @@ class Watch:
                 if batch.horizon > cursor:
                     raise _pruned(cursor, batch.horizon)
                 yield from batch.events
+                if batch.events:
+                    sent = batch.events[-1].generation
                 cursor = batch.through
                 if self.cancelled:
                     return
@@ -232,19 +255,27 @@ class Watch:
                     behind = log_.backlog(self.keys, max(cursor, began), hub.buffer + 1)
                     if behind > hub.buffer:
                         raise _too_slow(cursor, hub.buffer)
-            if not self._wait(cursor):
+            if time.monotonic() >= due:
+                # The client's resume point, if the cursor moved past it.
+                if cursor > sent:
+                    yield Sync(cursor)
+                    sent = cursor
+                due = time.monotonic() + hub.bookmark
+            if not self._wait(cursor, due):
                 return
 
-    def _wait(self, cursor: int) -> bool:
-        """Sleep until woken; False when the caller went away."""
+    def _wait(self, cursor: int, due: float) -> bool:
+        """Sleep until woken or a bookmark is due; False when the caller
+        went away."""
         while True:
             verified = self._hub.verified()
-            woken = self.signal.wait(IDLE_SECONDS if verified else POLL_SECONDS)
+            nap = IDLE_SECONDS if verified else POLL_SECONDS
+            woken = self.signal.wait(max(0.0, min(nap, due - time.monotonic())))
             if self.cancelled:
                 return False
             if self._hub.stopping:
                 raise _stopping(cursor)
-            if woken or not verified:
+            if woken or not verified or time.monotonic() >= due:
                 return True
 
 

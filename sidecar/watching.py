@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.errors import InvalidArgument
 from sidecar.event_log import Event
 from sidecar.memory import Memory, Scope, Tier
 from sidecar.watches import Sync, Watches
@@ -45,8 +46,30 @@ def stream(
         # worker thread and its slot are free again without waiting.
         if not context.add_callback(watch.cancel):
             return
-        for item in watch.events(request.after_generation):
+        for item in watch.events(request.after_generation, _within(request, tiers)):
             yield pb.WatchMemoriesResponse(event=event_pb(item, render))
+
+
+def _within(request: pb.WatchMemoriesRequest, tiers: Sequence[Tier]) -> tuple[Tier, str] | None:
+    """Where inside after_generation to resume: the tier and id of the
+    last event received, or None (after the whole generation)."""
+    if not request.after_id and request.after_tier == pb.TIER_UNSPECIFIED:
+        return None
+    tier = next((t for t, number in _TIERS.items() if number == request.after_tier), None)
+    if not request.after_id or tier is None or tier not in tiers or request.after_generation <= 0:
+        raise InvalidArgument(
+            "after_tier and after_id resume inside after_generation: give both (the tier and "
+            "id of the last event received, a tier this call watches) with after_generation",
+            reason="RESUME_POINT_INVALID",
+            metadata={
+                "field": "after_generation"
+                if request.after_generation <= 0
+                else ("after_id" if not request.after_id else "after_tier"),
+                "after_tier": request.after_tier,
+                "after_generation": request.after_generation,
+            },
+        )
+    return tier, request.after_id
 
 
 def event_pb(item: Event | Sync, render: Callable[[Memory], pb.Memory]) -> pb.MemoryEvent:

@@ -4,10 +4,12 @@ from one snapshot, resumable from a cursor, and `memory-sidecar export
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -260,6 +262,16 @@ def test_stopping_the_daemon_mid_export_ends_the_stream_first(make_sidecar: Make
     assert 10 <= len(ids(received)) < 1200
 
 
+def test_stopping_says_when_an_export_outlives_the_drain(
+    make_sidecar: MakeSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    running = make_sidecar(UNLIMITED)
+    # A stream stuck in a read: its slot is never let go of.
+    with running.sidecar.engine.exports.slot(), caplog.at_level(logging.WARNING):
+        running.sidecar.stop(grace=0)
+    assert "1 ExportMemories streams still read the store" in caplog.text
+
+
 def test_permission_follows_the_grant(make_sidecar: MakeSidecar, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.yaml"
     (tmp_path / "ada").write_text("token-of-coder-for-ada")
@@ -323,6 +335,41 @@ def test_the_cli_exports_through_the_daemon(
     code = cli.main(["export", *address, "--for-user", "ada", "--agent-id", "x"], environ={})
     assert code == 1
     assert "FOR_USER_WITH_AGENT" in capsys.readouterr().err
+
+
+def test_the_cli_waits_for_a_busy_slot_and_resumes(
+    make_sidecar: MakeSidecar, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Right after a cut the old stream may still hold its slot: the CLI
+    # backs off and tries again instead of failing with EXPORTS_BUSY.
+    running = make_sidecar(UNLIMITED, max_concurrent_exports=1)
+    seed(running, 30, 100)
+    holder = exporting(running, scope=SCOPE, batch_size=1)
+    next(holder)
+    registry = running.sidecar.metrics.registry
+    busy = {
+        "grpc_type": "server_stream",
+        "grpc_service": "memory.v1.MemoryService",
+        "grpc_method": "ExportMemories",
+        "grpc_code": "ResourceExhausted",
+    }
+    out = tmp_path / "out.jsonl"
+    address = ["--address", running.addresses.api, "--agent-id", "coder", "--user-id", "ada"]
+    codes: list[int] = []
+    command = threading.Thread(
+        target=lambda: codes.append(cli.main(["export", str(out), *address], environ={}))
+    )
+    command.start()
+    # Released only once the CLI was refused (a liveness bound).
+    deadline = time.monotonic() + 30
+    while not registry.get_sample_value("grpc_server_handled_total", busy):
+        assert time.monotonic() < deadline, "the CLI never met the busy slot"
+        assert command.is_alive(), capsys.readouterr().err
+        time.sleep(0.02)
+    holder.cancel()
+    command.join(timeout=60)
+    assert codes == [0], capsys.readouterr().err
+    assert out.read_text() == "".join(r.jsonl for r in export(running, scope=SCOPE))
 
 
 def test_the_cli_sends_its_token_on_the_stream(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import grpc
@@ -112,6 +113,26 @@ def test_grpc_server_metrics_carry_method_and_code(served: Running) -> None:
         "grpc_server_handling_seconds_bucket",
         tuple(sorted({**base, "grpc_method": "AddMemory", "le": "0.0001"}.items())),
     ) in (samples(text))
+
+
+def test_a_cancelled_stream_is_counted_as_canceled(served: Running) -> None:
+    call = served.stub.WatchMemories(pb.WatchMemoriesRequest(scope=SCOPE))
+    assert next(call).event.kind == pb.MemoryEvent.KIND_SYNC
+    call.cancel()
+    labels = {
+        "grpc_type": "server_stream",
+        "grpc_service": "memory.v1.MemoryService",
+        "grpc_method": "WatchMemories",
+    }
+    # The server records the call once its handler has ended (a liveness
+    # bound, not a timing claim).
+    deadline = time.monotonic() + 20
+    while not value(text := scrape(served), "grpc_server_handling_seconds_count", **labels):
+        assert time.monotonic() < deadline, "the cancelled watch was never recorded"
+        time.sleep(0.05)
+    assert value(text, "grpc_server_handled_total", **labels, grpc_code="Canceled") == 1
+    for code in ("Unknown", "OK"):
+        assert value(text, "grpc_server_handled_total", **labels, grpc_code=code) == 0
 
 
 def test_grpc_code_labels_match_go_grpc_prometheus() -> None:

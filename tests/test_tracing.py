@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -191,6 +192,22 @@ def test_failed_calls_carry_their_status(traced: Traced) -> None:
     # The driver's message names the missing table; it stays out of the span.
     assert not failed.events
     _no_secrets(traced.spans())
+
+
+def test_a_cancelled_stream_is_canceled_not_an_error(traced: Traced) -> None:
+    running = traced.running
+    call = running.stub.WatchMemories(pb.WatchMemoriesRequest(scope=SCOPE))
+    assert next(call).event.kind == pb.MemoryEvent.KIND_SYNC
+    call.cancel()
+    # The span ends once the handler has (a liveness bound).
+    deadline = time.monotonic() + 20
+    while not traced.rpc("WatchMemories"):
+        assert time.monotonic() < deadline, "the cancelled watch's span never ended"
+        time.sleep(0.05)
+    (span,) = traced.rpc("WatchMemories")
+    assert span.attributes is not None
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.status.status_code is StatusCode.UNSET
 
 
 def test_an_unsampled_caller_gets_no_spans_and_health_checks_none(traced: Traced) -> None:

@@ -8,7 +8,9 @@ its own into a queue; waits are liveness bounds, never timing claims.
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +20,12 @@ from typing import Any
 import grpc
 import pytest
 
+from sidecar import archive, server
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.archive import LegacyEntry
+from sidecar.memory import Memory, Scope, Tier
+from sidecar.store import TierPolicy
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -43,9 +48,17 @@ class Watcher:
         scope: pb.Scope = SCOPE,
         tier: int = pb.TIER_UNSPECIFIED,
         read: bool = True,
+        after_tier: int = pb.TIER_UNSPECIFIED,
+        after_id: str = "",
     ) -> None:
         self.call = stub.WatchMemories(
-            pb.WatchMemoriesRequest(scope=scope, tier=tier, after_generation=after)
+            pb.WatchMemoriesRequest(
+                scope=scope,
+                tier=tier,
+                after_generation=after,
+                after_tier=after_tier,
+                after_id=after_id,
+            )
         )
         self.queue: queue.Queue[pb.MemoryEvent | grpc.RpcError] = queue.Queue()
         # Cleared: the stream is not read past its first message until
@@ -285,6 +298,36 @@ def test_a_resume_from_before_the_horizon_is_refused(
     assert old.id != later.id
 
 
+def test_an_idle_watch_keeps_a_resume_point_past_other_scopes_pruned_events(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    # The horizon follows the whole database: a scope idle while others are
+    # written must not find its own last generation below it.
+    running = make_sidecar(watch_bookmark_seconds=0.2)
+    watcher, synced_at = synced(watchers, running.stub)
+    other = pb.Scope(agent_id="reviewer", user_id="bob")
+    for n in range(3):
+        running.add(f"another scope's note {n}", scope=other)
+    newest = running.sidecar.engine.watches.log.newest()
+    # The idle watch's bookmark: a SYNC past the other scope's generations.
+    bookmark = watcher.next()
+    while bookmark.generation < newest:
+        bookmark = watcher.next()
+    assert bookmark.kind == K.KIND_SYNC
+    assert bookmark.generation > synced_at
+    # Eight days on, the other scope's events are pruned.
+    retention = running.sidecar.engine.watches.retention
+    assert retention.run_once(datetime.now(UTC) + timedelta(days=8)) == 3
+    mine = running.add("this scope's next note", scope=SCOPE).memory
+    event = watcher.next()
+    while event.kind == K.KIND_SYNC:
+        event = watcher.next()
+    assert (event.kind, event.id) == (K.KIND_ADD, mine.id)
+    # A client that reconnects with the bookmark resumes too.
+    event = watchers(running.stub, bookmark.generation).next()
+    assert (event.kind, event.id) == (K.KIND_ADD, mine.id)
+
+
 def test_a_resume_from_another_databases_future_is_refused(
     make_sidecar: MakeSidecar, watchers: Watch
 ) -> None:
@@ -357,3 +400,129 @@ def test_the_sweeps_and_erasures_events_reach_watchers_through_the_feed(
         (K.KIND_EXPIRE, pb.TIER_MEMORY, note.id, False),
         (K.KIND_ERASE, pb.TIER_USER, "", False),
     ]
+
+
+def test_a_resume_inside_a_generation_sends_the_rest_of_it(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    ids = sorted(running.add(f"expires soon {n}", scope=SCOPE).memory.id for n in range(3))
+    # As an expiry sweep's batch: three events under one generation.
+    store = running.store
+    with store._db.connection_context(), store._backend.write_transaction():
+        state = store._backend.lock_partition("coder", Tier.MEMORY.value)
+        generation = store._backend.advance(
+            "coder", Tier.MEMORY.value, state.content_chars, state.entry_count
+        )
+        for memory_id in ids:
+            store.tables.logged("coder", Tier.MEMORY, generation, "expire", memory_id, 0)
+    later = running.add("written after the batch", scope=SCOPE).memory
+    # A stream cut after the batch's first event resumes with the rest.
+    watcher = watchers(running.stub, generation, after_tier=pb.TIER_MEMORY, after_id=ids[0])
+    assert [(e.kind, e.generation, e.id) for e in watcher.take(3)] == [
+        (K.KIND_EXPIRE, generation, ids[1]),
+        (K.KIND_EXPIRE, generation, ids[2]),
+        (K.KIND_ADD, generation + 1, later.id),
+    ]
+    for bad in ({"after_tier": pb.TIER_MEMORY}, {"after_id": ids[0]}):
+        error = refused(lambda bad=bad: watchers(running.stub, generation, **bad).next())
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(error).reason == "RESUME_POINT_INVALID"
+
+
+def test_restored_and_imported_entries_reach_watchers(
+    make_sidecar: MakeSidecar, watchers: Watch
+) -> None:
+    running = make_sidecar()
+    watcher, _ = synced(watchers, running.stub)
+    # `memory-sidecar import` and import-cagent, run beside the daemon:
+    # straight through the store, so only the change feed wakes the watch.
+    restored = Memory(
+        id="restored-1",
+        tier=Tier.MEMORY,
+        content="restored from a dump",
+        category="note",
+        confidence=1.0,
+        created_at=datetime.now(UTC),
+        updated_at=datetime.now(UTC),
+    )
+    assert archive.restore(running.store, [("coder", restored)]) == (1, [])
+    legacy = [LegacyEntry(f"cagent-{n}", f"imported from cagent {n}", "", 0) for n in range(2)]
+    scope = Scope(agent_id="coder", user_id="ada")
+    report = archive.import_entries(running.store, scope, Tier.USER, legacy, TierPolicy(0))
+    assert len(report.imported) == 2
+    events = watcher.take(3)
+    assert [(e.kind, e.tier, e.id) for e in events] == [
+        (K.KIND_ADD, pb.TIER_MEMORY, "restored-1"),
+        (K.KIND_ADD, pb.TIER_USER, "cagent-0"),
+        (K.KIND_ADD, pb.TIER_USER, "cagent-1"),
+    ]
+    assert events[0].memory.content == "restored from a dump"
+
+
+class FreezingProxy:
+    """A TCP proxy that, once frozen, forwards nothing more either way: a
+    client that vanished without closing its connection."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.frozen = threading.Event()
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            # Frozen: what arrives is swallowed, not answered, not closed.
+            if not self.frozen.is_set():
+                with contextlib.suppress(OSError):
+                    sink.sendall(data)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_a_vanished_clients_watch_ends_and_frees_its_slot(
+    make_sidecar: MakeSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon's keepalive, shortened: it pings the silent connection and
+    # closes it when no answer comes (60 s and 20 s by default).
+    monkeypatch.setattr(server, "KEEPALIVE_SECONDS", 0.5)
+    monkeypatch.setattr(server, "KEEPALIVE_TIMEOUT_SECONDS", 0.5)
+    running = make_sidecar()
+    proxy = FreezingProxy(running.addresses.api)
+    channel = grpc.insecure_channel(proxy.address)
+    try:
+        watcher = Watcher(pb_grpc.MemoryServiceStub(channel))
+        assert watcher.next().kind == K.KIND_SYNC
+        registry = running.sidecar.metrics.registry
+        assert registry.get_sample_value("memory_watches_open") == 1
+        proxy.frozen.set()
+        # A liveness bound: the watch ends on its own, its slot free.
+        deadline = time.monotonic() + WAIT_SECONDS
+        while registry.get_sample_value("memory_watches_open"):
+            assert time.monotonic() < deadline, "the vanished client's watch never ended"
+            time.sleep(0.05)
+    finally:
+        channel.close()
+        proxy.close()

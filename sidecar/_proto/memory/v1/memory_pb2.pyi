@@ -426,14 +426,18 @@ class ExportMemoriesResponse(_message.Message):
     def __init__(self, jsonl: _Optional[str] = ..., count: _Optional[int] = ..., cursor: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class WatchMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "tier", "after_generation")
+    __slots__ = ("scope", "tier", "after_generation", "after_tier", "after_id")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     AFTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TIER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ID_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     after_generation: int
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., after_generation: _Optional[int] = ...) -> None: ...
+    after_tier: Tier
+    after_id: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., after_generation: _Optional[int] = ..., after_tier: _Optional[_Union[Tier, str]] = ..., after_id: _Optional[str] = ...) -> None: ...
 
 class WatchMemoriesResponse(_message.Message):
     __slots__ = ("event",)
