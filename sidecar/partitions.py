@@ -91,9 +91,11 @@ class Partitions:
         self.erasures = Generations()
         # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
         self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
-        # Partitions this process is erasing right now: it handles its own
-        # erasure after the commit, counting what it drops (sidecar.forgetting).
-        self._erasing: set[PartitionKey] = set()
+        # Partitions this process is erasing right now, each to the erasures
+        # heard of meanwhile (the erasing call's own dictionary): it handles
+        # them after its commit, counting what it drops (sidecar.forgetting).
+        self._erasing: dict[PartitionKey, dict[PartitionKey, int]] = {}
+        self._erasing_lock = threading.Lock()
         # Without a feed this process assumes it is the database's only writer.
         self.feed: ChangeFeed | None = None
         if changes:
@@ -132,7 +134,7 @@ class Partitions:
     def heard(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
         """The change feed's news: some process wrote (or erased) this partition."""
         key = (Tier(tier), owner)
-        if erased and key not in self._erasing:
+        if erased and not self._kept_for_erasing(key, erased):
             self.erased(key, erased)
         if self.generations.observe_remote(key, generation):
             self._remote_writes.inc()
@@ -174,14 +176,31 @@ class Partitions:
         return sum(listener(key, generation, followed) for listener in self.on_erased)
 
     @contextlib.contextmanager
-    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[None]:
+    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[dict[PartitionKey, int]]:
         """While this process erases these partitions, the feed's news of
-        it is left to the erasure (which calls `erased` after its commit)."""
-        self._erasing.update(keys)
+        erasures of them (its own, or another process's) is kept in the
+        dictionary yielded (key -> newest generation heard), for the erasure
+        to handle once the block ends (it calls `erased` after its commit).
+        News heard after the block ends is handled as it comes."""
+        heard: dict[PartitionKey, int] = {}
+        with self._erasing_lock:
+            self._erasing.update(dict.fromkeys(keys, heard))
         try:
-            yield
+            yield heard
         finally:
-            self._erasing.difference_update(keys)
+            with self._erasing_lock:
+                for key in keys:
+                    self._erasing.pop(key, None)
+
+    def _kept_for_erasing(self, key: PartitionKey, generation: int) -> bool:
+        """Keep the news of an erasure for the erasure of `key` running here,
+        if one is; whether it was kept."""
+        with self._erasing_lock:
+            heard = self._erasing.get(key)
+            if heard is None:
+                return False
+            heard[key] = max(heard.get(key, 0), generation)
+            return True
 
     def shows_erased(self, partitions: Iterable[AnyPartition]) -> bool:
         """Whether any of these was loaded before an erasure of its

@@ -9,6 +9,7 @@ replica has delivered the erasure or stopped trusting its caches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sqlite3
@@ -25,6 +26,7 @@ import pytest
 from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.erasure import Erased, Erasure
 from sidecar.memory import Memory, Scope, Tier
 from sidecar.store import Store
 from tests.conftest import (
@@ -179,6 +181,76 @@ def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEng
     assert SECRET not in turn.system_block
 
 
+def test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica(
+    make_sidecar: MakeSidecar,
+) -> None:
+    # A's daemon committed the erasure and died before it answered: the
+    # client retries on B, whose feed has not delivered it yet.
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    frozen = seed_and_show(a, b)
+    feed = b.sidecar.engine.feed
+    assert feed is not None
+    feed.stop()
+    keys = [(Tier.USER, "ada")]
+    a.store.erasure.erase(keys, actor="test", action="ForgetUser", target={"user_id": "ada"})
+    retried = forget(b)
+    assert (retried.memories, retried.generation) == (0, 0)
+    assert retried.sessions == 2  # B's live and frozen sessions showed Ada
+    assert_forgotten_on(b, frozen)
+
+
+def test_a_repeat_waits_for_the_other_replicas_too(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first call may have died before its wait: the repeat waits instead.
+    engine, _, _ = make_engine(changes=True)
+    assert engine.feed is not None
+    waits: list[float] = []
+    monkeypatch.setattr(engine.forgetting, "_sleep", waits.append)
+    engine.add(Scope("coder", "ada"), Tier.USER, SECRET, "", 1.0)
+    engine.forgetting.forget_user("ada", actor="test")
+    repeat = engine.forgetting.forget_user("ada", actor="test")
+    assert repeat.erased.memories == 0
+    assert waits == [engine.feed.settle_seconds] * 2
+    # Nothing was ever erased there: nothing to wait for.
+    engine.forgetting.forget_user("nobody", actor="test")
+    assert len(waits) == 2
+
+
+def test_an_erasure_heard_of_while_erasing_the_same_partition_is_applied(
+    make_engine: MakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    # Another replica erases Ada first; its feed's news arrives while this
+    # replica's own erasure of her runs (which then finds nothing left).
+    other = Store(str(tmp_path / "m.db"))
+    other.open()
+    try:
+        keys = [(Tier.USER, "ada")]
+        first = other.erasure.erase(keys, actor="other", action="ForgetUser", target={})
+    finally:
+        other.close()
+    erase = Erasure.erase
+
+    def hearing_the_news(self: Erasure, *args: Any, **kwargs: Any) -> Erased:
+        engine.partitions.heard("ada", "user", first.generation, first.generation)
+        # Only the news tells of it here (not what the erasure read: see
+        # test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica).
+        return dataclasses.replace(erase(self, *args, **kwargs), earlier=())
+
+    monkeypatch.setattr(Erasure, "erase", hearing_the_news)
+    forgotten = engine.forgetting.forget_user("ada", actor="test")
+    assert forgotten.erased.memories == 0
+    assert forgotten.sessions == 1
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+
+
 def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
     a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
     seed_and_show(a, b)
@@ -252,8 +324,9 @@ def test_a_repeat_erases_nothing_answers_zeros_and_is_audited(make_sidecar: Make
     assert (second.memories, second.change_rows, second.generation) == (0, 0, 0)
     assert second.audit_id == first.audit_id + 1
     assert rows(running, "SELECT generation FROM tier_state WHERE owner = 'ada'") == generation
-    # Never written at all: zeros too.
+    # Never written at all: zeros too, and no state row is made for it.
     assert forget(running, "nobody").memories == 0
+    assert rows(running, "SELECT COUNT(*) FROM tier_state WHERE owner = 'nobody'") == [(0,)]
 
 
 def test_the_audit_log_says_who_what_when_and_how_many_never_content(
