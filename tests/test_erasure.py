@@ -40,6 +40,8 @@ from tests.conftest import (
 )
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
+from tests.test_export import UNLIMITED, export, exporting
+from tests.test_export import seed as seed_export
 
 pytestmark = pytest.mark.contract
 
@@ -262,6 +264,28 @@ def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar)
     assert b.turn("live", scope=ADA).cache_hit
     assert b.turn("frozen", scope=frozen).cache_hit
     assert b.db_queries() == before
+
+
+@pytest.mark.parametrize("where", ["same replica", "other replica"])
+def test_an_export_running_over_an_erased_scope_ends_aborted(
+    make_sidecar: MakeSidecar, where: str
+) -> None:
+    running = make_sidecar(UNLIMITED)
+    eraser = running if where == "same replica" else make_sidecar(UNLIMITED)
+    # Megabytes: the daemon cannot have sent it all before the erasure.
+    seed_export(running, 1200, 4000)
+    stream = exporting(running, scope=ADA, tier=pb.TIER_USER, batch_size=10)
+    first = next(stream)
+    assert not first.done
+    forget(eraser)
+    with pytest.raises(grpc.RpcError) as raised:
+        for _ in stream:
+            pass
+    assert raised.value.code() == grpc.StatusCode.ABORTED
+    assert error_info(raised.value).reason == "SCOPE_ERASED"
+    assert "export again" in raised.value.details()
+    # A stream begun after it is not aborted (and finds nothing).
+    assert export(running, scope=ADA, tier=pb.TIER_USER)[-1].done
 
 
 # --- what is removed ----------------------------------------------------------
