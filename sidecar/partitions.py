@@ -204,9 +204,19 @@ class Partitions:
 
     def shows_erased(self, partitions: Iterable[AnyPartition]) -> bool:
         """Whether any of these was loaded before an erasure of its
-        partition since heard (a frozen view must not be served then)."""
-        erased = self.erasures.current
-        return any(p.generation < (erased((p.tier, p.owner)) or 0) for p in partitions)
+        partition since heard (a frozen view must not be served then).
+
+        One no longer followed counts as erased: its erasure record went
+        with its generation (expire), and an erasure heard of meanwhile was
+        not recorded. Not a stand-in (generation 0: it shows nothing)."""
+        erased, followed = self.erasures.current, self.generations.current
+        for p in partitions:
+            key = (p.tier, p.owner)
+            if p.generation and followed(key) is None:
+                return True
+            if p.generation < (erased(key) or 0):
+                return True
+        return False
 
     @property
     def verified(self) -> bool:

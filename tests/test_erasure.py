@@ -253,6 +253,24 @@ def test_an_erasure_heard_of_while_erasing_the_same_partition_is_applied(
     assert SECRET not in turn.system_block
 
 
+def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    # The janitor let go of the partition (its erasure record goes with it),
+    # and the erasure then finds nothing here to drop.
+    engine.partitions.expire(float("inf"), held=())
+    assert engine.forgetting.forget_user("ada", actor="test").sessions == 0
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+    assert engine.inject(scope, "s").cache_hit  # followed again
+
+
 def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
     a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
     seed_and_show(a, b)
