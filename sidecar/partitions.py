@@ -56,6 +56,10 @@ PartitionKey = tuple[Tier, str]
 # A tier's entries and index: in full, or compact (a large tier).
 AnyPartition = Partition | CompactPartition
 STRIPES = 64
+# The erasures handled of partitions not followed, remembered to skip their
+# replays (see erased): a bound, not a correctness limit (one forgotten is
+# handled again, once).
+ERASURES_REMEMBERED = 10_000
 
 
 class Partitions:
@@ -89,6 +93,8 @@ class Partitions:
         # The generation of the last erasure heard of each followed partition:
         # nothing built from before it is served again (see erased).
         self.erasures = Generations()
+        # The newest erasure handled of each partition (followed or not).
+        self._handled: LRU[PartitionKey, int] = LRU(ERASURES_REMEMBERED)
         # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
         self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
         # Partitions this process is erasing right now, each to the erasures
@@ -163,8 +169,14 @@ class Partitions:
         Recorded once per erasure, and only for a followed partition (one
         nobody here has loaded has no session showing it); the listeners
         hear of the others too, with `followed` False, to let go of caches
-        that outlive sessions."""
+        that outlive sessions: once per erasure too, as long as it is
+        remembered (the feed replays erasures: a PostgreSQL listener that
+        reconnects reads every state row again, erased ones included)."""
         followed = self.generations.current(key) is not None
+        handled = self._handled.get(key) or 0
+        if not followed and generation <= handled:
+            return 0
+        self._handled.put(key, max(handled, generation))
         if followed:
             if generation <= (self.erasures.current(key) or 0):
                 return 0

@@ -271,6 +271,21 @@ def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
     assert engine.inject(scope, "s").cache_hit  # followed again
 
 
+def test_a_replayed_erasure_of_a_partition_not_followed_is_handled_once(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, _ = make_engine()
+    emptied: list[int] = []
+    engine.forgetting.listeners.append(lambda: emptied.append(1))
+    # The feed replays the erasure: a PostgreSQL listener that reconnects
+    # reads every state row again.
+    for _ in range(3):
+        engine.partitions.heard("ada", "user", 7, 7)
+    assert len(emptied) == 1
+    engine.partitions.heard("ada", "user", 9, 9)  # a newer erasure
+    assert len(emptied) == 2
+
+
 def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
     a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
     seed_and_show(a, b)
