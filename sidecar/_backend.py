@@ -193,11 +193,18 @@ class Backend(abc.ABC):
         Call inside write_transaction. A partition that has never been
         written gets its row here.
         """
-        row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
-        if row is None:
+        state = self.lock_existing(owner, tier)
+        if state is None:
             self.db.execute_sql(self._create_sql, (owner, tier))
-            row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
-        return PartitionState(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+            state = self.lock_existing(owner, tier)
+            assert state is not None
+        return state
+
+    def lock_existing(self, owner: str, tier: str) -> PartitionState | None:
+        """The partition's state row locked as lock_partition does, or None
+        (no row is created: a partition never written)."""
+        row = self.db.execute_sql(self._lock_sql, (owner, tier)).fetchone()
+        return None if row is None else PartitionState(*(int(value) for value in row))
 
     def advance(self, owner: str, tier: str, content_chars: int, entry_count: int) -> int:
         """Store the partition's new totals; return its new generation.

@@ -301,7 +301,7 @@ class PostgresBackend(Backend):
     position_function = "strpos"
 
     _lock_sql = (
-        f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
+        f"SELECT content_chars, entry_count, generation, indexed, erased FROM {STATE_TABLE}"
         " WHERE owner = %s AND tier = %s FOR UPDATE"
     )
     _create_sql = (

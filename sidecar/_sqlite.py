@@ -401,7 +401,7 @@ class SqliteBackend(Backend):
     # state row needs no lock of its own, and a generation drawn as the
     # largest so far plus one is unique and grows in commit order.
     _lock_sql = (
-        f"SELECT content_chars, entry_count, generation, indexed FROM {STATE_TABLE}"
+        f"SELECT content_chars, entry_count, generation, indexed, erased FROM {STATE_TABLE}"
         " WHERE owner = ? AND tier = ?"
     )
     _create_sql = (

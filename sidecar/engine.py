@@ -154,6 +154,7 @@ class MemoryEngine:
         self._queries = Queries(self._metrics, self.semantic)
         self._turns = Turns(self._queries, self.tokens)
         self.exports = Exports(store, config.server.max_concurrent_exports)
+        self.partitions.on_erased.append(self.exports.erased)
         # A cached partition nobody has used for this long is let go (and
         # with it everything kept for its owner).
         self._partition_ttl = max(

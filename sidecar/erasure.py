@@ -19,7 +19,9 @@ appends one `erase` event for watchers, and appends a row to the audit log:
 when, the token's name, the action, the target ids and the counts, never
 content. A crash leaves all of it or none of it; a retry finishes the job.
 A partition with nothing left to erase is not touched (its generation stays),
-so a repeated call answers zeros; it is still audited.
+so a repeated call answers zeros; it is still audited, and says which
+partitions were erased before (`earlier`). A partition never written is
+not touched at all (it gets no state row).
 
 Owns: the erasure transaction, the Erased counts and the audit log's rows.
 Must not touch: caches, sessions or snapshots (sidecar.forgetting drops
@@ -65,6 +67,10 @@ class Erased:
     generation: int = 0
     audit_id: int = 0
     partitions: tuple[tuple[PartitionKey, int], ...] = field(default=())
+    # The partitions found erased before (by any process: a retry, a repeat,
+    # another replica's erasure) with the generation of that erasure. A
+    # process that missed it must still let go of what it built before it.
+    earlier: tuple[tuple[PartitionKey, int], ...] = field(default=())
 
     def counts(self) -> dict[str, int]:
         """The counts as the audit log records them."""
@@ -108,7 +114,15 @@ class Erasure:
         totals = dict.fromkeys(("memories", "vectors", "keys", "changes", "parts"), 0)
         erased: list[tuple[PartitionKey, int]] = []
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
-            states = {key: backend.lock_partition(*key) for key in ordered}
+            # A partition never written has no state row, and gets none:
+            # nothing of it is stored, nor cached anywhere.
+            locked = {key: backend.lock_existing(*key) for key in ordered}
+            states = {key: state for key, state in locked.items() if state is not None}
+            earlier = tuple(
+                ((Tier(tier), owner), state.erased)
+                for (owner, tier), state in states.items()
+                if state.erased
+            )
             now = to_micros(self._clock())
             for (owner, tier), state in states.items():
                 removed = self._remove(owner, tier)
@@ -126,6 +140,7 @@ class Erasure:
                 index_parts=totals["parts"],
                 generation=max((g for _, g in erased), default=0),
                 partitions=tuple(erased),
+                earlier=earlier,
             )
             audit_id = self._audit(now, actor, action, target, result)
         return dataclasses.replace(result, audit_id=audit_id)

@@ -94,6 +94,14 @@ class PermissionDenied(SidecarError):
     default_reason = "SCOPE_FORBIDDEN"
 
 
+class Aborted(SidecarError):
+    """A stream ended because what it reads changed under it in a way it
+    must not hide (an export over a scope erased meanwhile)."""
+
+    code = "ABORTED"
+    default_reason = "ABORTED"
+
+
 class CallerGone(SidecarError):
     """The caller cancelled or its deadline passed before the write began."""
 

@@ -11,6 +11,10 @@ of a new snapshot (what was written meanwhile after the cursor is included,
 what was deleted before it is not repeated). A cursor of another request, or
 garbage, is INVALID_ARGUMENT (CURSOR_INVALID).
 
+A stream over a partition erased while it runs (ForgetUser, DeleteScope)
+ends with ABORTED (SCOPE_ERASED) at its next response: its snapshot still
+holds the erased entries (sidecar.exports).
+
 A client that cancels, or whose deadline passes, stops the stream at the
 next response: the generator is closed on the worker thread that ran it, so
 the read transaction ends and the connection goes back to the pool.
@@ -28,7 +32,7 @@ from typing import Any
 from sidecar import access, archive, paging
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.engine import MemoryEngine
-from sidecar.errors import InvalidArgument
+from sidecar.errors import Aborted, InvalidArgument
 from sidecar.exports import Partition
 from sidecar.limits import Limits, checked
 from sidecar.memory import Memory, Scope, Tier
@@ -62,6 +66,19 @@ def _cursor(token: str, bound_to: str) -> int:
             "response received, unchanged",
             reason="CURSOR_INVALID",
         ) from None
+
+
+def _check_erasure(erased: Partition | None) -> None:
+    """ABORTED (SCOPE_ERASED) once a partition the stream reads was erased:
+    its snapshot still holds the erased entries, which must not be sent."""
+    if erased is not None:
+        owner, tier = erased
+        raise Aborted(
+            f"the {tier.value} tier of {owner!r} was erased (ForgetUser or DeleteScope) while "
+            "this export ran; drop what was received of it, and export again for what is left",
+            reason="SCOPE_ERASED",
+            metadata={"owner": owner, "tier": tier.value},
+        )
 
 
 class ExportStream:
@@ -117,10 +134,10 @@ class ExportStream:
                 metadata={"batch_size": request.batch_size},
             )
         batch = min(request.batch_size or DEFAULT_BATCH, MAX_BATCH)
-        with self._exports.slot():
+        with self._exports.slot(), self._exports.reading(partitions) as erased_since:
             entries = self._exports.entries(partitions, after, batch)
             try:
-                yield from self._responses(entries, after, batch, bound_to, context)
+                yield from self._responses(entries, after, batch, bound_to, context, erased_since)
             finally:
                 # Ends the read transaction now, on this thread, however
                 # the stream ended (done, cancelled, an error).
@@ -133,6 +150,7 @@ class ExportStream:
         batch: int,
         bound_to: str,
         context: Any,
+        erased_since: Callable[[], Partition | None],
     ) -> Iterator[pb.ExportMemoriesResponse]:
         budget = self._limits.response_bytes - _RESERVE
         # One entry read ahead: whether the response being filled is the last.
@@ -140,6 +158,7 @@ class ExportStream:
         while True:
             if not _wanted(context):
                 return
+            _check_erasure(erased_since())
             lines: list[str] = []
             used = 0
             while pending is not None and len(lines) < batch:

@@ -9,8 +9,17 @@ long as it runs, so only `max_concurrent` run at once and one more is
 refused rather than queued: the client retries, and turns keep their
 workers.
 
+A stream already running over a partition erased meanwhile (ForgetUser,
+DeleteScope) must not go on sending the erased entries from its snapshot:
+the erasures this process handles (its own, and other processes' through
+the change feed: Partitions.on_erased, wired by the engine) are counted for
+the partitions being exported, and a stream checks them between responses
+(`erased_since`). An erasure the stream's snapshot already missed ends it
+too: rare, and the client's retry exports what is left.
+
 Owns: resolving an export's partitions (a scope's tiers, or one user's
-profile), the cap on concurrent exports. Must not touch: grpc or protobuf
+profile), the cap on concurrent exports, the erasures of what is being
+exported. Must not touch: grpc or protobuf
 (sidecar.export_stream renders), Peewee or SQL (sidecar.archive reads),
 the caches of sidecar.partitions.
 """
@@ -19,7 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 from sidecar import archive
 from sidecar.errors import ResourceExhausted
@@ -43,6 +53,11 @@ class Exports:
         self._max = max_concurrent
         self._running = 0
         self._lock = threading.Condition()
+        # Per partition some stream reads now: how many streams read it, and
+        # how many erasures of it were heard of since the first began
+        # (bounded by what is being exported).
+        self._readers: Counter[Partition] = Counter()
+        self._erasures: Counter[Partition] = Counter()
 
     @property
     def running(self) -> int:
@@ -80,6 +95,38 @@ class Exports:
             with self._lock:
                 self._running -= 1
                 self._lock.notify_all()
+
+    @contextlib.contextmanager
+    def reading(self, partitions: Sequence[Partition]) -> Iterator[Callable[[], Partition | None]]:
+        """Held while a stream reads these partitions: yields a check, the
+        partition erased since the block began (None if none was)."""
+        keys = set(partitions)
+        with self._lock:
+            self._readers.update(keys)
+            began = {key: self._erasures[key] for key in keys}
+
+        def erased_since() -> Partition | None:
+            with self._lock:
+                return next((key for key in keys if self._erasures[key] != began[key]), None)
+
+        try:
+            yield erased_since
+        finally:
+            with self._lock:
+                self._readers.subtract(keys)
+                for key in keys:
+                    if self._readers[key] <= 0:
+                        del self._readers[key]
+                        self._erasures.pop(key, None)
+
+    def erased(self, key: tuple[Tier, str], generation: int, followed: bool) -> int:
+        """A listener of Partitions.on_erased: the partition (tier, owner)
+        was erased; no session is dropped here (0)."""
+        partition = (key[1], key[0])
+        with self._lock:
+            if partition in self._readers:
+                self._erasures[partition] += 1
+        return 0
 
     def drain(self, timeout: float) -> bool:
         """Wait until no stream holds a slot, up to `timeout` seconds; whether

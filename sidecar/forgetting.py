@@ -91,10 +91,19 @@ class Forgetting:
     ) -> Forgotten:
         # The partitions' stripes, as a write holds them: no load of them
         # interleaves, so nothing read before the commit is cached after it.
-        with self._partitions.writing(keys), self._partitions.erasing(keys):
-            erased = self._store.erasure.erase(keys, actor=actor, action=action, target=target)
-            dropped = sum(self._partitions.erased(key, g) for key, g in erased.partitions)
-        return Forgotten(erased, dropped, self.settle() if erased.partitions else 0.0)
+        with self._partitions.writing(keys):
+            with self._partitions.erasing(keys) as heard:
+                erased = self._store.erasure.erase(keys, actor=actor, action=action, target=target)
+            # Each partition's newest erasure: this one, one found committed
+            # (a retry after a crash, another replica's), or one the feed
+            # brought meanwhile. Applied here even when nothing was left to
+            # erase: this process may not have heard of the earlier one yet.
+            newest = dict(erased.earlier)
+            for key, generation in (*erased.partitions, *heard.items()):
+                newest[key] = max(newest.get(key, 0), generation)
+            dropped = sum(self._partitions.erased(key, g) for key, g in newest.items())
+        # Other replicas may not have heard of an earlier erasure either.
+        return Forgotten(erased, dropped, self.settle() if newest else 0.0)
 
     def settle(self) -> float:
         """Wait until every replica has delivered the erasure or stopped

@@ -56,6 +56,10 @@ PartitionKey = tuple[Tier, str]
 # A tier's entries and index: in full, or compact (a large tier).
 AnyPartition = Partition | CompactPartition
 STRIPES = 64
+# The erasures handled of partitions not followed, remembered to skip their
+# replays (see erased): a bound, not a correctness limit (one forgotten is
+# handled again, once).
+ERASURES_REMEMBERED = 10_000
 
 
 class Partitions:
@@ -89,11 +93,15 @@ class Partitions:
         # The generation of the last erasure heard of each followed partition:
         # nothing built from before it is served again (see erased).
         self.erasures = Generations()
+        # The newest erasure handled of each partition (followed or not).
+        self._handled: LRU[PartitionKey, int] = LRU(ERASURES_REMEMBERED)
         # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
         self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
-        # Partitions this process is erasing right now: it handles its own
-        # erasure after the commit, counting what it drops (sidecar.forgetting).
-        self._erasing: set[PartitionKey] = set()
+        # Partitions this process is erasing right now, each to the erasures
+        # heard of meanwhile (the erasing call's own dictionary): it handles
+        # them after its commit, counting what it drops (sidecar.forgetting).
+        self._erasing: dict[PartitionKey, dict[PartitionKey, int]] = {}
+        self._erasing_lock = threading.Lock()
         # Without a feed this process assumes it is the database's only writer.
         self.feed: ChangeFeed | None = None
         if changes:
@@ -132,7 +140,7 @@ class Partitions:
     def heard(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
         """The change feed's news: some process wrote (or erased) this partition."""
         key = (Tier(tier), owner)
-        if erased and key not in self._erasing:
+        if erased and not self._kept_for_erasing(key, erased):
             self.erased(key, erased)
         if self.generations.observe_remote(key, generation):
             self._remote_writes.inc()
@@ -161,8 +169,14 @@ class Partitions:
         Recorded once per erasure, and only for a followed partition (one
         nobody here has loaded has no session showing it); the listeners
         hear of the others too, with `followed` False, to let go of caches
-        that outlive sessions."""
+        that outlive sessions: once per erasure too, as long as it is
+        remembered (the feed replays erasures: a PostgreSQL listener that
+        reconnects reads every state row again, erased ones included)."""
         followed = self.generations.current(key) is not None
+        handled = self._handled.get(key) or 0
+        if not followed and generation <= handled:
+            return 0
+        self._handled.put(key, max(handled, generation))
         if followed:
             if generation <= (self.erasures.current(key) or 0):
                 return 0
@@ -174,20 +188,47 @@ class Partitions:
         return sum(listener(key, generation, followed) for listener in self.on_erased)
 
     @contextlib.contextmanager
-    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[None]:
+    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[dict[PartitionKey, int]]:
         """While this process erases these partitions, the feed's news of
-        it is left to the erasure (which calls `erased` after its commit)."""
-        self._erasing.update(keys)
+        erasures of them (its own, or another process's) is kept in the
+        dictionary yielded (key -> newest generation heard), for the erasure
+        to handle once the block ends (it calls `erased` after its commit).
+        News heard after the block ends is handled as it comes."""
+        heard: dict[PartitionKey, int] = {}
+        with self._erasing_lock:
+            self._erasing.update(dict.fromkeys(keys, heard))
         try:
-            yield
+            yield heard
         finally:
-            self._erasing.difference_update(keys)
+            with self._erasing_lock:
+                for key in keys:
+                    self._erasing.pop(key, None)
+
+    def _kept_for_erasing(self, key: PartitionKey, generation: int) -> bool:
+        """Keep the news of an erasure for the erasure of `key` running here,
+        if one is; whether it was kept."""
+        with self._erasing_lock:
+            heard = self._erasing.get(key)
+            if heard is None:
+                return False
+            heard[key] = max(heard.get(key, 0), generation)
+            return True
 
     def shows_erased(self, partitions: Iterable[AnyPartition]) -> bool:
         """Whether any of these was loaded before an erasure of its
-        partition since heard (a frozen view must not be served then)."""
-        erased = self.erasures.current
-        return any(p.generation < (erased((p.tier, p.owner)) or 0) for p in partitions)
+        partition since heard (a frozen view must not be served then).
+
+        One no longer followed counts as erased: its erasure record went
+        with its generation (expire), and an erasure heard of meanwhile was
+        not recorded. Not a stand-in (generation 0: it shows nothing)."""
+        erased, followed = self.erasures.current, self.generations.current
+        for p in partitions:
+            key = (p.tier, p.owner)
+            if p.generation and followed(key) is None:
+                return True
+            if p.generation < (erased(key) or 0):
+                return True
+        return False
 
     @property
     def verified(self) -> bool:

@@ -9,6 +9,7 @@ replica has delivered the erasure or stopped trusting its caches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sqlite3
@@ -25,6 +26,7 @@ import pytest
 from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.erasure import Erased, Erasure
 from sidecar.memory import Memory, Scope, Tier
 from sidecar.store import Store
 from tests.conftest import (
@@ -38,6 +40,8 @@ from tests.conftest import (
 )
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
+from tests.test_export import UNLIMITED, export, exporting
+from tests.test_export import seed as seed_export
 
 pytestmark = pytest.mark.contract
 
@@ -179,6 +183,109 @@ def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEng
     assert SECRET not in turn.system_block
 
 
+def test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica(
+    make_sidecar: MakeSidecar,
+) -> None:
+    # A's daemon committed the erasure and died before it answered: the
+    # client retries on B, whose feed has not delivered it yet.
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    frozen = seed_and_show(a, b)
+    feed = b.sidecar.engine.feed
+    assert feed is not None
+    feed.stop()
+    keys = [(Tier.USER, "ada")]
+    a.store.erasure.erase(keys, actor="test", action="ForgetUser", target={"user_id": "ada"})
+    retried = forget(b)
+    assert (retried.memories, retried.generation) == (0, 0)
+    assert retried.sessions == 2  # B's live and frozen sessions showed Ada
+    assert_forgotten_on(b, frozen)
+
+
+def test_a_repeat_waits_for_the_other_replicas_too(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first call may have died before its wait: the repeat waits instead.
+    engine, _, _ = make_engine(changes=True)
+    assert engine.feed is not None
+    waits: list[float] = []
+    monkeypatch.setattr(engine.forgetting, "_sleep", waits.append)
+    engine.add(Scope("coder", "ada"), Tier.USER, SECRET, "", 1.0)
+    engine.forgetting.forget_user("ada", actor="test")
+    repeat = engine.forgetting.forget_user("ada", actor="test")
+    assert repeat.erased.memories == 0
+    assert waits == [engine.feed.settle_seconds] * 2
+    # Nothing was ever erased there: nothing to wait for.
+    engine.forgetting.forget_user("nobody", actor="test")
+    assert len(waits) == 2
+
+
+def test_an_erasure_heard_of_while_erasing_the_same_partition_is_applied(
+    make_engine: MakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    # Another replica erases Ada first; its feed's news arrives while this
+    # replica's own erasure of her runs (which then finds nothing left).
+    other = Store(str(tmp_path / "m.db"))
+    other.open()
+    try:
+        keys = [(Tier.USER, "ada")]
+        first = other.erasure.erase(keys, actor="other", action="ForgetUser", target={})
+    finally:
+        other.close()
+    erase = Erasure.erase
+
+    def hearing_the_news(self: Erasure, *args: Any, **kwargs: Any) -> Erased:
+        engine.partitions.heard("ada", "user", first.generation, first.generation)
+        # Only the news tells of it here (not what the erasure read: see
+        # test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica).
+        return dataclasses.replace(erase(self, *args, **kwargs), earlier=())
+
+    monkeypatch.setattr(Erasure, "erase", hearing_the_news)
+    forgotten = engine.forgetting.forget_user("ada", actor="test")
+    assert forgotten.erased.memories == 0
+    assert forgotten.sessions == 1
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+
+
+def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
+    scope = Scope("coder", "ada")
+    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    assert SECRET in engine.inject(scope, "s").system_block
+    assert engine.inject(scope, "s").cache_hit
+    # The janitor let go of the partition (its erasure record goes with it),
+    # and the erasure then finds nothing here to drop.
+    engine.partitions.expire(float("inf"), held=())
+    assert engine.forgetting.forget_user("ada", actor="test").sessions == 0
+    turn = engine.inject(scope, "s")
+    assert not turn.cache_hit
+    assert SECRET not in turn.system_block
+    assert engine.inject(scope, "s").cache_hit  # followed again
+
+
+def test_a_replayed_erasure_of_a_partition_not_followed_is_handled_once(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, _ = make_engine()
+    emptied: list[int] = []
+    engine.forgetting.listeners.append(lambda: emptied.append(1))
+    # The feed replays the erasure: a PostgreSQL listener that reconnects
+    # reads every state row again.
+    for _ in range(3):
+        engine.partitions.heard("ada", "user", 7, 7)
+    assert len(emptied) == 1
+    engine.partitions.heard("ada", "user", 9, 9)  # a newer erasure
+    assert len(emptied) == 2
+
+
 def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar) -> None:
     a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
     seed_and_show(a, b)
@@ -190,6 +297,28 @@ def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar)
     assert b.turn("live", scope=ADA).cache_hit
     assert b.turn("frozen", scope=frozen).cache_hit
     assert b.db_queries() == before
+
+
+@pytest.mark.parametrize("where", ["same replica", "other replica"])
+def test_an_export_running_over_an_erased_scope_ends_aborted(
+    make_sidecar: MakeSidecar, where: str
+) -> None:
+    running = make_sidecar(UNLIMITED)
+    eraser = running if where == "same replica" else make_sidecar(UNLIMITED)
+    # Megabytes: the daemon cannot have sent it all before the erasure.
+    seed_export(running, 1200, 4000)
+    stream = exporting(running, scope=ADA, tier=pb.TIER_USER, batch_size=10)
+    first = next(stream)
+    assert not first.done
+    forget(eraser)
+    with pytest.raises(grpc.RpcError) as raised:
+        for _ in stream:
+            pass
+    assert raised.value.code() == grpc.StatusCode.ABORTED
+    assert error_info(raised.value).reason == "SCOPE_ERASED"
+    assert "export again" in raised.value.details()
+    # A stream begun after it is not aborted (and finds nothing).
+    assert export(running, scope=ADA, tier=pb.TIER_USER)[-1].done
 
 
 # --- what is removed ----------------------------------------------------------
@@ -252,8 +381,9 @@ def test_a_repeat_erases_nothing_answers_zeros_and_is_audited(make_sidecar: Make
     assert (second.memories, second.change_rows, second.generation) == (0, 0, 0)
     assert second.audit_id == first.audit_id + 1
     assert rows(running, "SELECT generation FROM tier_state WHERE owner = 'ada'") == generation
-    # Never written at all: zeros too.
+    # Never written at all: zeros too, and no state row is made for it.
     assert forget(running, "nobody").memories == 0
+    assert rows(running, "SELECT COUNT(*) FROM tier_state WHERE owner = 'nobody'") == [(0,)]
 
 
 def test_the_audit_log_says_who_what_when_and_how_many_never_content(
