@@ -1,5 +1,5 @@
-"""ForgetUser and DeleteScope: what they remove, on every replica, under a
-crash, and who may call them.
+"""ForgetUser and DeleteScope: what they remove, on every replica, and who
+may call them (a crash mid-erasure: tests/test_erasure_crash.py).
 
 Every test runs on both backends. The replica tests check replica B right
 after A's call returns, without waiting: the call itself waits until every
@@ -8,14 +8,10 @@ replica has delivered the erasure or stopped trusting its caches.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import signal
-import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,11 +19,9 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.erasure import Erased, Erasure
-from sidecar.memory import Memory, Scope, Tier
+from sidecar.memory import Scope, Tier
 from sidecar.store import Store
 from tests.conftest import (
     MakeEngine,
@@ -36,7 +30,6 @@ from tests.conftest import (
     error_info,
     refused,
     run_sidecar,
-    spawn_daemon,
 )
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
@@ -494,143 +487,3 @@ def test_forget_user_needs_a_user_id(sidecar: Running) -> None:
     sidecar.add("shared profile fact", scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
     request = pb.DeleteScopeRequest(scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
     assert sidecar.stub.DeleteScope(request, timeout=30).erasure.memories == 1
-
-
-# --- a crash mid-erasure --------------------------------------------------------
-
-BIG = 30_000
-
-
-def seed(db: str) -> None:
-    store = Store(db)
-    store.open()
-    now = datetime.now(UTC)
-    entries = [
-        ("ada", Memory(f"id-{k}", Tier.USER, f"{SECRET} #{k}", "", 1.0, now, now))
-        for k in range(BIG)
-    ]
-    entries.append(("bob", Memory("bob", Tier.USER, "Bob's fact", "", 1.0, now, now)))
-    archive.restore(store, entries)
-    # And a vector and an idempotency key per entry: all of it goes, or none.
-    backend, db = store.tables.backend, store.tables.db
-    p = db.param
-    with db.connection_context(), backend.write_transaction():
-        for (seq,) in db.execute_sql("SELECT seq FROM memories WHERE owner = 'ada'").fetchall():
-            backend.put_vector(seq, "test", "digest", b"\x00\x01")
-            db.execute_sql(
-                "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
-                f" created_at) VALUES ('ada', 'user', {p}, 'id', 'digest', 0)",
-                (f"key-{seq}",),
-            )
-    store.close()
-
-
-def left_of_ada(store: Store) -> tuple[int, int, int]:
-    """Ada's entries, vectors and idempotency keys still stored."""
-    db = store.tables.db
-    with db.connection_context():
-        return tuple(  # type: ignore[return-value]
-            db.execute_sql(sql).fetchone()[0]
-            for sql in (
-                "SELECT COUNT(*) FROM memories WHERE owner = 'ada'",
-                "SELECT COUNT(*) FROM memory_vectors",
-                "SELECT COUNT(*) FROM idempotency_keys WHERE owner = 'ada'",
-            )
-        )
-
-
-VISIBLE = f"SELECT COUNT(*) < {BIG} FROM memory_vectors"
-
-
-@contextlib.contextmanager
-def kill_point(db: str, when: str) -> Iterator[Callable[[], bool]]:
-    """Whether it is time to kill the daemon: `writing`, once it holds a
-    write transaction (mid-erasure); `visible`, once any of the erasure can
-    be seen from outside (a commit: an erasure done in several would be
-    caught half-way)."""
-    if db.startswith("postgresql://"):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as connection:
-            sql = VISIBLE
-            if when == "writing":
-                sql = (
-                    "SELECT COUNT(*) > 0 FROM pg_stat_activity"
-                    " WHERE application_name = 'memory-sidecar' AND backend_xid IS NOT NULL"
-                )
-            yield lambda: bool(connection.execute(sql).fetchone()[0])  # type: ignore[index]
-        return
-    lite = sqlite3.connect(db, timeout=0, isolation_level=None)
-
-    def writing() -> bool:
-        try:
-            lite.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            return True
-        lite.execute("ROLLBACK")
-        return False
-
-    try:
-        yield writing if when == "writing" else lambda: bool(lite.execute(VISIBLE).fetchone()[0])
-    finally:
-        lite.close()
-
-
-@pytest.mark.parametrize("when", ["writing", "visible"])
-def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
-    databases: Callable[[str], str], when: str
-) -> None:
-    db = databases("crash.db")
-    seed(db)
-    daemon = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
-    outcome: list[object] = []
-    try:
-        channel = grpc.insecure_channel(daemon.api)
-        stub = pb_grpc.MemoryServiceStub(channel)
-
-        def call() -> None:
-            try:
-                outcome.append(stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60))
-            except grpc.RpcError as error:
-                outcome.append(error.code())
-
-        with kill_point(db, when) as due:
-            caller = threading.Thread(target=call)
-            caller.start()
-            deadline = time.monotonic() + 30
-            while not due():
-                assert not outcome, "the call ended before its transaction was seen"
-                assert time.monotonic() < deadline, "the erasure never started"
-            daemon.process.send_signal(signal.SIGKILL)
-        caller.join(30)
-        channel.close()
-    finally:
-        daemon.close()
-    assert outcome == [grpc.StatusCode.UNAVAILABLE]
-
-    store = Store(db)
-    store.open()
-    try:
-        left, vectors, keys = left_of_ada(store)
-        audited = store.erasure.audit_log()
-        assert store.integrity_check() == "ok"
-        state = store.usage(Scope("coder", "ada"), [Tier.USER])
-    finally:
-        store.close()
-    # All or nothing: every entry and no audit row, or neither.
-    found = (left, vectors, keys, len(audited))
-    assert found in ((BIG, BIG, BIG, 0), (0, 0, 0, 1)), found
-    assert state[Tier.USER].entry_count == left
-
-    daemon = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
-    try:
-        with grpc.insecure_channel(daemon.api) as channel:
-            stub = pb_grpc.MemoryServiceStub(channel)
-            retried = stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60).erasure
-            assert retried.memories == left
-            scope = pb.Scope(agent_id="coder", user_id="ada")
-            assert not stub.GetMemories(pb.GetMemoriesRequest(scope=scope), timeout=10).memories
-            bob = pb.Scope(agent_id="coder", user_id="bob")
-            assert len(stub.GetMemories(pb.GetMemoriesRequest(scope=bob), timeout=10).memories) == 1
-    finally:
-        daemon.close()
