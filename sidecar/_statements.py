@@ -35,6 +35,14 @@ class Record(NamedTuple):
 # (an expired entry is never read back). 0 keeps them all (every expiry is
 # after 1970).
 KEEP_EXPIRED = 0
+# The sentinel a Template's `now` is rendered with.
+_NOW = -1_000_005
+
+
+def unexpired(Row: Any, now: object) -> Any:  # noqa: N803 - a bound model class
+    """The condition "not expired by `now`" (microseconds, or a sentinel): the
+    one spelling every read of `memories` that hides expired rows uses."""
+    return Row.expires_at.is_null() | (Row.expires_at > now)
 
 
 class Template:
@@ -67,19 +75,19 @@ class Statements:
         self._by_seqs: dict[int, Template] = {}
         scope = (Row.owner == "\x00owner") & (Row.tier == "\x00tier")
         marks = {"owner": "\x00owner", "tier": "\x00tier"}
-        unexpired = Row.expires_at.is_null() | (Row.expires_at > -1_000_005)
+        live = unexpired(Row, _NOW)
         # An expired row a write left (its purge is bounded) is no twin.
         self.identical = Template(
             Row.select(*columns)
             .where(scope & (Row.content_sha256 == "\x00digest") & (Row.content == "\x00content"))
-            .where(unexpired)
+            .where(live)
             .order_by(Row.seq)
             .limit(1),
-            {**marks, "digest": "\x00digest", "content": "\x00content", "now": -1_000_005},
+            {**marks, "digest": "\x00digest", "content": "\x00content", "now": _NOW},
         )
         self.partition = Template(
-            Row.select(*columns).where(scope & unexpired).order_by(Row.seq),
-            {**marks, "now": -1_000_005},
+            Row.select(*columns).where(scope & live).order_by(Row.seq),
+            {**marks, "now": _NOW},
         )
         self.by_id = Template(
             Row.select(*columns).where(Row.memory_id == "\x00id"), {"id": "\x00id"}
@@ -129,9 +137,9 @@ class Statements:
                     (Row.owner == "\x00owner")
                     & (Row.tier == "\x00tier")
                     & Row.seq.in_(list(marks.values()))
-                    & (Row.expires_at.is_null() | (Row.expires_at > -1_000_005))
+                    & unexpired(Row, _NOW)
                 ),
-                {"owner": "\x00owner", "tier": "\x00tier", "now": -1_000_005, **marks},
+                {"owner": "\x00owner", "tier": "\x00tier", "now": _NOW, **marks},
             )
             self._by_seqs[len(seqs)] = template
         values = {f"s{i}": seq for i, seq in enumerate(seqs)}

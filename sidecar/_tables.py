@@ -15,7 +15,7 @@ from peewee import fn
 
 from sidecar import _sqlite
 from sidecar._backend import Backend, PartitionState
-from sidecar._statements import KEEP_EXPIRED, Record, Statements, Template
+from sidecar._statements import KEEP_EXPIRED, Record, Statements, Template, unexpired
 from sidecar.clock import Clock, from_micros, system_clock, to_micros
 from sidecar.errors import AmbiguousMatch, NotFound
 from sidecar.memory import Memory, Scope, Tier, Usage, rendered_chars
@@ -142,7 +142,7 @@ class Tables:
             Row.select(*[getattr(Row, name) for name in Record._fields])
             .where((Row.owner == owner) & (Row.tier == tier.value) & (position > 0))
             # An expired entry is never named by its text (the write sweeps it).
-            .where(Row.expires_at.is_null() | (Row.expires_at > self.now()))
+            .where(unexpired(Row, self.now()))
             .order_by(Row.seq)
             # Enough to name the candidates and say whether there are more.
             .limit(AmbiguousMatch.SHOWN + 1)

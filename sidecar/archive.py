@@ -36,7 +36,7 @@ from typing import Any
 
 from sidecar import schema
 from sidecar._backend import PartitionState
-from sidecar._statements import Record
+from sidecar._statements import Record, unexpired
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
 from sidecar.errors import InvalidArgument, SidecarError
@@ -153,7 +153,7 @@ def _after(
         # An export is a read like a list: expired entries the sweep has not
         # removed yet are left out. (The offline dump keeps them: a restore
         # of it is what the store held.)
-        query = query.where(Row.expires_at.is_null() | (Row.expires_at > store.tables.now()))
+        query = query.where(unexpired(Row, store.tables.now()))
     rows: Any = query.order_by(Row.seq).limit(limit).tuples()
     return [Record(*row) for row in rows]
 

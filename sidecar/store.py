@@ -26,7 +26,7 @@ from peewee import fn
 
 from sidecar import _sqlite, schema
 from sidecar._backend import Backend, FeedSettings, PartitionState, StatementSpan
-from sidecar._statements import Record
+from sidecar._statements import Record, unexpired
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.clock import Clock, system_clock, to_micros
@@ -405,7 +405,7 @@ class Store:
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
             query = Row.select().where(_scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
             if not include_expired:
-                query = query.where(Row.expires_at.is_null() | (Row.expires_at > self.tables.now()))
+                query = query.where(unexpired(Row, self.tables.now()))
             if category:
                 query = query.where(Row.category == category)
             query = query.order_by(Row.seq)
