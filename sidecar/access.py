@@ -254,7 +254,9 @@ def parse_tokens(text: str, directory: Path) -> list[Entry]:
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         # What a scalar's constructor (a bad !!timestamp) or anything the
         # nesting bound missed may raise: still one line, never a traceback.
-        raise ConfigError("tokens", f"not valid YAML or JSON: {type(exc).__name__}") from None
+        raise ConfigError(
+            "tokens", f"not valid YAML or JSON: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(document, Mapping) or set(document) != {"tokens"}:
         raise ConfigError("tokens", "the file holds one key, tokens: a list of entries")
     entries = document["tokens"]
@@ -337,6 +339,8 @@ class TokensFile(Reloading[Digests]):
         self._path = Path(path)
         # The bytes last parsed well and their entries, swapped as one.
         self._parsed: tuple[bytes, list[Entry]] | None = None
+        # The bytes last refused and why.
+        self._refused: tuple[bytes, str] | None = None
         self._serving = False
         # The entries refused at the last reload, each logged when it first appears.
         self._skips: frozenset[str] = frozenset()
@@ -354,17 +358,22 @@ class TokensFile(Reloading[Digests]):
             data = read_regular(self._path, TOKENS_FILE_BYTES)
         except Unreadable as exc:
             return None, str(exc)
-        parsed = self._parsed
+        parsed, refused = self._parsed, self._refused
         if parsed is not None and parsed[0] == data:
             return parsed[1], ""
+        if refused is not None and refused[0] == data:
+            return None, refused[1]  # not parsed again every reload
         try:
             entries = parse_tokens(data.decode("utf-8"), self._path.parent)
         except UnicodeDecodeError:
-            return None, f"{self._path} is not UTF-8 text"
+            problem = f"{self._path} is not UTF-8 text"
         except ConfigError as exc:
-            return None, f"{self._path}: {exc.key}: {exc.problem}"
-        self._parsed = (data, entries)
-        return entries, ""
+            problem = f"{self._path}: {exc.key}: {exc.problem}"
+        else:
+            self._parsed, self._refused = (data, entries), None
+            return entries, ""
+        self._refused = (data, problem)
+        return None, problem
 
     def _read(self) -> tuple[Digests | None, str]:
         entries, problem = self._entries()
