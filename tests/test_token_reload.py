@@ -8,6 +8,7 @@ a deeply nested, duplicated or blocking file neither fails nor stalls them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -196,30 +197,31 @@ def test_a_blocking_file_stalls_no_call(
         (secrets / blocked).write_text("token-of-a2")
         until(lambda: answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK, "no reload")
     else:
-        write_tokens(secrets / blocked, [{"sha256": _digest(A), "agents": ["*"], "users": ["*"]}])
+        write_tokens(
+            secrets / blocked,
+            [{"sha256": hashlib.sha256(A.encode()).hexdigest(), "agents": ["*"], "users": ["*"]}],
+        )
         until(lambda: answer(running, A, "agent-b") == grpc.StatusCode.OK, "no reload")
         assert answer(running, B, "agent-b") == grpc.StatusCode.UNAUTHENTICATED
 
 
-def _digest(token: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def test_the_watcher_stops_with_the_daemon(make_sidecar: MakeSidecar, secrets: Path) -> None:
     running = make_sidecar(auth_tokens_file=str(secrets / "tokens.yaml"))
-    names = lambda: {t.name for t in threading.enumerate()}  # noqa: E731
-    assert "auth-reload" in names()
+
+    def watching() -> bool:
+        return any(thread.name == "auth-reload" for thread in threading.enumerate())
+
+    assert watching()
     running.sidecar.stop(grace=1)
-    assert "auth-reload" not in names()
+    assert not watching()  # stop() joined it
 
 
 def test_a_tokens_files_problems_are_a_metric(make_sidecar: MakeSidecar, secrets: Path) -> None:
     running = make_sidecar(auth_tokens_file=str(secrets / "tokens.yaml"))
-    gauge = lambda: running.sidecar.metrics.registry.get_sample_value(  # noqa: E731
-        "memory_auth_file_problems"
-    )
+
+    def gauge() -> float | None:
+        return running.sidecar.metrics.registry.get_sample_value("memory_auth_file_problems")
+
     assert gauge() == 0
     (secrets / "c.token").unlink()
     (secrets / "tokens.yaml").write_text(NESTED)
