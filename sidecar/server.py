@@ -8,7 +8,8 @@ bind port 0 and talk to a real channel.
 
 Owns: the listeners (API with TLS, health, metrics, and the socket of the MCP
 listener, which sidecar.mcp_http serves), the interceptor order, the worker
-pool, the janitor and the expiry sweep's thread, encoder_for, and the order of
+pool, the janitor, the expiry sweep's thread and the auth files' watcher
+(sidecar.reloading), encoder_for, and the order of
 start and stop. Must not touch: request handling (sidecar.service,
 sidecar.mcp_server), SQL, os.environ.
 It does install tracing on the store, and starts and stops the engine's `feed`
