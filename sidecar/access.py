@@ -20,9 +20,9 @@ allowed, as before per-agent tokens existed.
 No grpc here: the interceptor carries the grant across, the service reads it.
 
 Owns: Grant, the call's grant (a context variable), authorize, bearer_token
-(the token of an authorization header, for gRPC and MCP alike), the tokens file
-and Reloading (also the base of interceptors.TokenFile); it keeps only token
-digests. Must not touch: grpc (the interceptor sets the grant, the service
+(the token of an authorization header, for gRPC and MCP alike) and the tokens
+file (a sidecar.reloading.Reloading, bounded in size and nesting); it keeps only
+token digests. Must not touch: grpc (the interceptor sets the grant, the service
 checks it), the engine, the store, os.environ; it reads only the tokens file and
 the token files it names.
 """
@@ -34,22 +34,28 @@ import contextvars
 import hashlib
 import hmac
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any
 
 import yaml
 
 from sidecar.errors import ConfigError, PermissionDenied
 from sidecar.memory import Scope
+from sidecar.reloading import Reloading, Unreadable, read_regular
 
 log = logging.getLogger(__name__)
 
 ANY_ID = "*"
 _ENTRY_KEYS = ("name", "token_file", "sha256", "agents", "users", "erase")
+# Bounds on what is read and parsed: a tokens file of thousands of entries
+# is a few hundred KiB; a token is a line. A valid file nests 4 deep (the
+# document, tokens, an entry, its ids): YAML's composer recurses once per
+# level, so anything deeper is refused from the parser's flat events first.
+TOKENS_FILE_BYTES = 1024 * 1024
+TOKEN_FILE_BYTES = 64 * 1024
+MAX_DEPTH = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,66 +156,6 @@ def authorize_erasure(what: str) -> str:
     return grant.name
 
 
-# --- files re-read while serving ---------------------------------------------
-
-T = TypeVar("T")
-
-
-class Reloading(Generic[T]):
-    """A value read from files, re-read at most once a second.
-
-    So a rotated Kubernetes Secret takes effect without a restart. The
-    content is compared, not timestamps: a rewrite in place within the
-    filesystem's timestamp granularity changes neither inode nor mtime.
-    Once serving, a read that fails (a file missing, unreadable, empty or
-    invalid, caught mid-rewrite) keeps the last good value and says so in
-    the log once; only at start-up is it an error, a ConfigError on `key`.
-    """
-
-    # How the log names the file and what is kept when a read fails.
-    what: ClassVar[str] = "file"
-    kept: ClassVar[str] = "value"
-
-    def __init__(self, key: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._complaint = ""
-        value, problem = self._read()
-        if value is None:
-            raise ConfigError(key, problem)
-        self._value: T = value
-        self._checked = clock()
-
-    def _read(self) -> tuple[T | None, str]:
-        """The value, or None and what is wrong."""
-        raise NotImplementedError
-
-    def _news(self, old: T, new: T) -> str:
-        """The log line for a changed value."""
-        return f"{self.what} changed"
-
-    def current(self) -> T:
-        now = self._clock()
-        with self._lock:
-            due = now - self._checked >= 1.0
-            if due:
-                self._checked = now  # one caller reads; the rest go on
-        if not due:
-            return self._value
-        # Read outside the lock: a slow filesystem must not stall every call.
-        value, problem = self._read()
-        with self._lock:
-            if value is None:
-                if problem != self._complaint:
-                    log.warning("%s: %s; keeping the last good %s", self.what, problem, self.kept)
-                self._complaint = problem
-            else:
-                if value != self._value:
-                    log.info("%s", self._news(self._value, value))
-                self._value, self._complaint = value, ""
-            return self._value
-
-
 # --- the tokens file ---------------------------------------------------------
 
 
@@ -277,12 +223,40 @@ def _entry(where: str, raw: Any, directory: Path) -> Entry:
     return Entry(where, directory / name, b"", grant)
 
 
+def _nesting(text: str) -> None:
+    """ConfigError if `text` nests collections deeper than MAX_DEPTH.
+
+    Read from the parser's events, which come from a loop, not recursion:
+    `tokens: [[[...]]]` thousands deep is refused in a few milliseconds,
+    before the composer would hit Python's recursion limit.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(
+                    "tokens",
+                    f"nested deeper than {MAX_DEPTH} levels "
+                    "(tokens is a list of mappings whose agents and users are lists of ids)",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_tokens(text: str, directory: Path) -> list[Entry]:
     """The entries of a tokens file; ConfigError naming the field if invalid."""
     try:
+        _nesting(text)
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("tokens", f"not valid YAML or JSON: {exc}") from None
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
+        # What a scalar's constructor (a bad !!timestamp) or anything the
+        # nesting bound missed may raise: still one line, never a traceback.
+        raise ConfigError(
+            "tokens", f"not valid YAML or JSON: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(document, Mapping) or set(document) != {"tokens"}:
         raise ConfigError("tokens", "the file holds one key, tokens: a list of entries")
     entries = document["tokens"]
@@ -296,34 +270,48 @@ def _digests(
 ) -> tuple[tuple[bytes, Grant], ...]:
     """Each entry's token digest (reading token files) and grant.
 
-    A token file that cannot be read or is empty is a ConfigError, or, given
-    `skipped` (once serving), leaves its entry out and is reported there:
-    removing a token's file revokes it, and the other entries still follow
-    their files (a rotation is not held up by another entry's problem).
+    A token file that cannot be read or is empty, or two entries with the
+    same token, are a ConfigError; given `skipped` (once serving), those
+    entries are left out and reported there. So revocation stays exact
+    whatever else is wrong: removing a token's file revokes it, a rewritten
+    one no longer accepts the old token, and the other entries still follow
+    their files. A token in two entries is refused in both (which grant it
+    should carry is a guess, and a wrong guess widens a grant), while the
+    rest of the set is used, unlike a tokens file refused whole, whose last
+    good set would keep revoked tokens alive.
     """
-    out: list[tuple[bytes, Grant]] = []
-    seen: dict[bytes, str] = {}
+    found: list[tuple[bytes, Entry]] = []
     for entry in entries:
         digest = entry.sha256
         if entry.token_file is not None:
-            where = f"{entry.where}.token_file"
             try:
-                token = entry.token_file.read_bytes().strip()
+                token = read_regular(entry.token_file, TOKEN_FILE_BYTES).strip()
                 problem = "" if token else f"{entry.token_file} is empty"
-            except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-                problem = f"cannot read {entry.token_file}: {getattr(exc, 'strerror', 0) or exc}"
+            except Unreadable as exc:
+                problem = str(exc)
             if problem:
+                where = f"{entry.where}.token_file"
                 if skipped is None:
                     raise ConfigError(where, problem)
                 skipped(f"{where}: {problem}; its token is refused")
                 continue
             digest = hashlib.sha256(token).digest()
-        if digest in seen:
-            # Two grants for one token: refuse rather than guess which applies.
-            raise ConfigError(entry.where, f"the same token as {seen[digest]}")
-        seen[digest] = entry.where
-        out.append((digest, entry.grant))
-    return tuple(out)
+        found.append((digest, entry))
+    first: dict[bytes, str] = {}
+    shared: dict[bytes, list[str]] = {}
+    for digest, entry in found:
+        if digest not in first:
+            first[digest] = entry.where
+        elif skipped is None:
+            raise ConfigError(entry.where, f"the same token as {first[digest]}")
+        else:
+            shared.setdefault(digest, [first[digest]]).append(entry.where)
+    report = skipped or (lambda problem: None)  # without it, shared is empty
+    for names in shared.values():
+        listed = ", ".join(names[:-1]) + " and " + names[-1]
+        every = "both" if len(names) == 2 else "all"
+        report(f"{listed}: the same token; {every} refused until one is changed")
+    return tuple((digest, entry.grant) for digest, entry in found if digest not in shared)
 
 
 Digests = tuple[tuple[bytes, Grant], ...]
@@ -333,9 +321,12 @@ class TokensFile(Reloading[Digests]):
     """`server.auth_tokens_file`: bearer tokens, each with its Grant.
 
     Holds only SHA-256 digests of the tokens. Re-read (with the token files
-    it names) at most once a second, like TokenFile: a changed file or a
-    rotated token takes effect within a second, a broken one keeps the
-    last good set.
+    it names) by `reload`, which a Watcher calls every
+    `server.auth_reload_seconds`: a changed file or a rotated token takes
+    effect then. A tokens file that cannot be read or parsed keeps the last
+    good entries, whose token files are still followed (revocation works
+    meanwhile); an entry whose token file is gone, empty or shared with
+    another entry is refused alone.
 
     >>> tokens = TokensFile("/etc/memory-sidecar/tokens.yaml")
     >>> tokens.grant(b"token-of-agent-a")   # Grant(agents={'agent-a'}, ...) or None
@@ -344,38 +335,64 @@ class TokensFile(Reloading[Digests]):
     what = "auth tokens file"
     kept = "tokens"
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str) -> None:
         self._path = Path(path)
-        # The text last parsed and its entries, swapped as one: two reads
-        # may overlap when one takes longer than a second.
-        self._parsed: tuple[str, list[Entry]] | None = None
+        # The bytes last parsed well and their entries, swapped as one.
+        self._parsed: tuple[bytes, list[Entry]] | None = None
+        # The bytes last refused and why.
+        self._refused: tuple[bytes, str] | None = None
         self._serving = False
-        self._skips: set[str] = set()
-        super().__init__("server.auth_tokens_file", clock)
+        # The entries refused at the last reload, each logged when it first appears.
+        self._skips: frozenset[str] = frozenset()
+        super().__init__("server.auth_tokens_file")
         self._serving = True
 
-    def _skipped(self, problem: str) -> None:
-        if problem not in self._skips:  # said once, not every second
-            self._skips.add(problem)
-            log.warning("auth tokens file: %s", problem)
+    @property
+    def problems(self) -> int:
+        return super().problems + len(self._skips)
+
+    def _entries(self) -> tuple[list[Entry] | None, str]:
+        """The file's entries (parsed again only when its bytes changed), or
+        None and what is wrong."""
+        try:
+            data = read_regular(self._path, TOKENS_FILE_BYTES)
+        except Unreadable as exc:
+            return None, str(exc)
+        parsed, refused = self._parsed, self._refused
+        if parsed is not None and parsed[0] == data:
+            return parsed[1], ""
+        if refused is not None and refused[0] == data:
+            return None, refused[1]  # not parsed again every reload
+        try:
+            entries = parse_tokens(data.decode("utf-8"), self._path.parent)
+        except UnicodeDecodeError:
+            problem = f"{self._path} is not UTF-8 text"
+        except ConfigError as exc:
+            problem = f"{self._path}: {exc.key}: {exc.problem}"
+        else:
+            self._parsed, self._refused = (data, entries), None
+            return entries, ""
+        self._refused = (data, problem)
+        return None, problem
 
     def _read(self) -> tuple[Digests | None, str]:
-        try:
-            text = self._path.read_text(encoding="utf-8")
-        except OSError as exc:
-            return None, f"cannot read {self._path}: {exc.strerror or exc}"
-        except UnicodeDecodeError:
-            return None, f"{self._path} is not UTF-8 text"
-        try:
-            # Parsed again only when the text changed; the token files it
-            # names are read every time, as a rotated Secret changes only them.
-            parsed = self._parsed
-            if parsed is None or parsed[0] != text:
-                parsed = (text, parse_tokens(text, self._path.parent))
-                self._parsed = parsed
-            return _digests(parsed[1], self._skipped if self._serving else None), ""
-        except ConfigError as exc:
-            return None, f"{self._path}: {exc.key}: {exc.problem}"
+        entries, problem = self._entries()
+        if entries is None:
+            if self._parsed is None:
+                return None, problem  # at start: nothing good to keep
+            entries = self._parsed[1]
+        if not self._serving:
+            try:
+                return _digests(entries), problem
+            except ConfigError as exc:
+                return None, f"{self._path}: {exc.key}: {exc.problem}"
+        skips: list[str] = []
+        digests = _digests(entries, skips.append)
+        for skip in skips:
+            if skip not in self._skips:  # once per change, not every reload
+                log.warning("auth tokens file: %s", skip)
+        self._skips = frozenset(skips)
+        return digests, problem
 
     def _news(self, old: Digests, new: Digests) -> str:
         count = len(new)

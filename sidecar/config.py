@@ -197,6 +197,8 @@ class ServerSettings:
     # of tokens each limited to some agents and users (sidecar.access).
     auth_token_file: str = ""
     auth_tokens_file: str = ""
+    # How often both are re-read (by a thread of their own, sidecar.reloading).
+    auth_reload_seconds: float = 1.0
     insecure: bool = False
     tls_cert_file: str = ""
     tls_key_file: str = ""

@@ -28,9 +28,10 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from sidecar.access import SINGLE, Grant, Reloading, TokensFile, bearer_token, granted
+from sidecar.access import SINGLE, TOKEN_FILE_BYTES, Grant, TokensFile, bearer_token, granted
 from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated
 from sidecar.metrics import Metrics
+from sidecar.reloading import Reloading, Unreadable, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +227,8 @@ def ended_code(context: Any, failed: bool) -> grpc.StatusCode:
 class TokenFile(Reloading[bytes]):
     """A bearer token kept in a file (a mounted Kubernetes Secret, say).
 
-    Re-read at most once a second, its bytes compared (see Reloading). Once
-    serving, a file that is missing, unreadable or empty (caught
+    Re-read by `reload` (a Watcher's), its bytes compared (see Reloading).
+    Once serving, a file that is missing, unreadable or empty (caught
     mid-rewrite) keeps the last good token, and says so in the log once;
     only at start-up is it an error.
     """
@@ -235,15 +236,15 @@ class TokenFile(Reloading[bytes]):
     what = "auth token file"
     kept = "token"
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self._path = path
-        super().__init__("server.auth_token_file", clock)
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
+        super().__init__("server.auth_token_file")
 
     def _read(self) -> tuple[bytes | None, str]:
         try:
-            token = Path(self._path).read_bytes().strip()
-        except OSError as exc:
-            return None, f"cannot read {self._path}: {exc.strerror or exc}"
+            token = read_regular(self._path, TOKEN_FILE_BYTES).strip()
+        except Unreadable as exc:
+            return None, str(exc)
         if not token:
             return None, f"{self._path} is empty"
         return token, ""
@@ -270,6 +271,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
             raise ValueError("AuthInterceptor needs a token file, a tokens file, or both")
         self._token = token
         self._tokens = tokens
+
+    @property
+    def files(self) -> tuple[Reloading[Any], ...]:
+        """The files behind the tokens, for a Watcher to reload."""
+        return tuple(file for file in (self._token, self._tokens) if file is not None)
 
     def grant(self, presented: bytes) -> Grant | None:
         """The grant of a presented token, or None when it is not valid (the

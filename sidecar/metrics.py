@@ -210,6 +210,13 @@ class Metrics:
             "0 while calls check the database instead of trusting caches.",
             registry=r,
         )
+        self.auth_file_problems = Gauge(
+            "memory_auth_file_problems",
+            "Problems the last reload of auth_token_file, auth_tokens_file and the token files "
+            "it names found (0: every token in use). A broken file keeps its last good tokens; "
+            "a token file missing, empty or shared with another entry refuses its token.",
+            registry=r,
+        )
         self._feed = _FeedCollector()
         r.register(self._feed)
 

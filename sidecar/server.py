@@ -8,7 +8,8 @@ bind port 0 and talk to a real channel.
 
 Owns: the listeners (API with TLS, health, metrics, and the socket of the MCP
 listener, which sidecar.mcp_http serves), the interceptor order, the worker
-pool, the janitor and the expiry sweep's thread, encoder_for, and the order of
+pool, the janitor, the expiry sweep's thread and the auth files' watcher
+(sidecar.reloading), encoder_for, and the order of
 start and stop. Must not touch: request handling (sidecar.service,
 sidecar.mcp_server), SQL, os.environ.
 It does install tracing on the store, and starts and stops the engine's `feed`
@@ -39,6 +40,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
 from sidecar.metrics import Metrics
+from sidecar.reloading import Watcher
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
 
@@ -231,6 +233,10 @@ class Sidecar:
         # Read before anything is installed on the store: an invalid token
         # file must not leave statement wrappers behind.
         auth = _auth(config.server)
+        # Token files are re-read on a thread of their own: a call only reads
+        # the set last swapped in, so no file can stall or fail it.
+        self._reloads = Watcher(auth.files if auth else (), config.server.auth_reload_seconds)
+        self.metrics.auth_file_problems.set_function(lambda: float(self._reloads.problems))
         # Spans for the RPCs and their statements, on `tracer_provider` or
         # one exporting over OTLP. With tracing off OpenTelemetry is never
         # imported, and no interceptor or statement wrapper is installed.
@@ -369,6 +375,7 @@ class Sidecar:
                 self._close_listeners()
                 raise
         self._janitor.start()
+        self._reloads.start()
         if server.expiry_sweep_seconds:
             self._expiry.start()
         self.engine.watches.start()  # the event log's retention
@@ -400,6 +407,7 @@ class Sidecar:
         if self._mcp is not None:
             self._mcp.stop(grace)
         api_stopped.wait()
+        self._reloads.stop()
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
         # A cancelled export lets go of its read at its next response.

@@ -80,6 +80,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if v == 0 or 0.05 <= v <= 86_400 else "must be 0 (off) or between 0.05 and 86400"
     ),
     "expiry_sweep_batch": _between(1, 100_000),
+    "auth_reload_seconds": _between(0.05, 3600),
     "semantic_encoder": _one_of("off", "local", "endpoint"),
     "semantic_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"

@@ -80,18 +80,17 @@ def test_every_api_call_needs_the_token(make_sidecar: MakeSidecar, token_file: P
 def test_a_rotated_token_takes_effect_without_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("first")
-    now = [0.0]
-    tokens = TokenFile(str(path), clock=lambda: now[0])
+    tokens = TokenFile(str(path))
     assert tokens.token() == b"first"
     # Kubernetes swaps Secret files atomically: a new file behind the name.
     replacement = tmp_path / "token.new"
     replacement.write_text("second\n")
     os.replace(replacement, path)
-    assert tokens.token() == b"first"  # checked at most once a second
-    now[0] = 1.5
+    assert tokens.token() == b"first"  # read only by reload (the watcher's)
+    tokens.reload()
     assert tokens.token() == b"second"
     path.unlink()
-    now[0] = 3.0
+    tokens.reload()
     assert tokens.token() == b"second"  # keeps the last good token mid-swap
 
 
@@ -101,11 +100,10 @@ def test_a_token_rewritten_in_place_is_noticed_and_an_empty_one_ignored(
     path = tmp_path / "token"
     path.write_text("first-token")
     before = os.stat(path)
-    now = [0.0]
-    tokens = TokenFile(str(path), clock=lambda: now[0])
+    tokens = TokenFile(str(path))
     # Caught mid-rewrite: the file is empty for a moment.
     path.write_text("")
-    now[0] = 1.0
+    tokens.reload()
     assert tokens.token() == b"first-token"
     assert "empty; keeping the last good token" in caplog.text
     # Rewritten in place, same length, same inode, and the same mtime (a
@@ -119,7 +117,7 @@ def test_a_token_rewritten_in_place_is_noticed_and_an_empty_one_ignored(
         before.st_mtime_ns,
         before.st_size,
     )
-    now[0] = 2.0
+    tokens.reload()
     assert tokens.token() == b"other-token"
 
 
