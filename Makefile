@@ -7,6 +7,9 @@ RUN_STAMP := $(VENV)/.installed-run
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 DB ?= var/memory.db
+# More `memory-sidecar serve` flags for `make run`, e.g.
+#   make run ARGS="--metrics-listen 127.0.0.1:9464 --config my.yaml"
+ARGS ?=
 
 .PHONY: run test lint typecheck check bench protos buf node-example clean
 
@@ -57,7 +60,7 @@ node-example: $(NODE_EXAMPLE) $(MCP_NODE_EXAMPLE)
 
 run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
-	$(BIN)/memory-sidecar serve --db $(DB)
+	$(BIN)/memory-sidecar serve --db $(DB) $(ARGS)
 
 test: $(STAMP) buf node-example
 	$(BIN)/python -m pytest
@@ -73,11 +76,14 @@ typecheck: $(STAMP)
 # Exactly what CI runs (.ci/run).
 check: lint typecheck test
 
-# Benchmarks write docs/BENCHMARKS.md; never part of `make test`.
-# `make bench QUICK=1` is a smoke run of under a minute; LOCOMO=path/to/locomo10.json
-# adds LoCoMo's own data to section 14.
+# Benchmarks write docs/BENCHMARKS.md and docs/benchmarks.json; never part
+# of `make test`. `make bench QUICK=1` is a smoke run at small sizes that
+# writes build/bench-quick/ instead, leaving the committed figures alone;
+# LOCOMO=path/to/locomo10.json adds LoCoMo's own data to section 14.
+QUICK_OUTPUT := build/bench-quick/BENCHMARKS.md
 bench: $(STAMP)
-	$(BIN)/python -m bench.run $(if $(QUICK),--quick) $(if $(LOCOMO),--locomo $(LOCOMO))
+	$(if $(QUICK),@mkdir -p $(dir $(QUICK_OUTPUT)))
+	$(BIN)/python -m bench.run $(if $(QUICK),--quick --output $(QUICK_OUTPUT)) $(if $(LOCOMO),--locomo $(LOCOMO))
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

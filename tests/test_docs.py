@@ -27,6 +27,9 @@ def test_readme_client_example_runs(sidecar: Running) -> None:
     assert lines[2:4] == ["TIER_MEMORY 25/2200 chars", "TIER_USER 25/1375 chars"]
     assert lines[5] == "MEMORY (agent notes) [1% — 25/2,200 chars]"
     assert "Ada prefers short answers" in lines
+    # As the README says: the frozen block shows every memory, the
+    # transient block repeats none.
+    assert lines[-1] == "''"
 
 
 def test_example_config_is_valid_and_states_the_defaults() -> None:

