@@ -92,6 +92,33 @@ CLAIMS = {
 }
 
 
+# deploy/README.md's blocks need a Docker daemon, a registry and the
+# kustomize binary; what runs of them here runs in tests/test_deploy.py.
+DEPLOY_CLAIMS = {
+    "docker build -f deploy/Dockerfile -t": (
+        "tests/test_deploy.py::test_the_image_is_set_in_one_place (the image override;"
+        " docker build and push need a Docker daemon and a registry)"
+    ),
+    "--build-arg EXTRAS=postgres,tracing,semantic": (
+        "tests/test_deploy.py::test_the_semantic_component_swaps_the_image_and_makes_room"
+        " (docker build needs a Docker daemon)"
+    ),
+}
+
+
+def test_every_deploy_block_is_claimed() -> None:
+    found = blocks(ROOT / "deploy" / "README.md")
+    for b in found:
+        owners = [who for key, who in DEPLOY_CLAIMS.items() if key in b.text]
+        assert len(owners) == 1, f"deploy/README.md:{b.line} ({b.text[:40]!r}): {owners}"
+    for who in DEPLOY_CLAIMS.values():
+        module, _, test = who.split(" ")[0].rpartition("::")
+        assert f"def {test}(" in (ROOT / module).read_text(), f"{who}: no such test"
+    # The build commands name the Dockerfile and the extras it takes.
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "ARG EXTRAS=postgres,tracing" in dockerfile
+
+
 def test_every_block_is_claimed() -> None:
     found = blocks()
     assert len(found) >= len(CLAIMS)
