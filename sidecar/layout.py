@@ -14,7 +14,7 @@ and shown as written):
 - NFKC: full-width, mathematical and other compatibility letters and
   brackets become ASCII;
 - every Unicode space (category Zs: U+00A0, U+2000-U+200A, U+202F, U+205F,
-  U+3000 ...) and the tab become a plain space;
+  U+3000 ...), the tab and the braille blank (U+2800) become a plain space;
 - every dash (category Pd, U+2212 minus, heavy minus, hyphen bullet) and the
   box-drawing horizontals the block's rule is made of become "-";
 - Cyrillic, Greek, Armenian, Cherokee and small-capital letters that look
@@ -124,6 +124,8 @@ _FOLD: dict[int, str] = {
     **_range_map(DASHES, "-"),
     **_range_map(_HORIZONTALS, "-"),
     **{ord(a): b for a, b in zip(_LOOKALIKE_FROM, _LOOKALIKE_TO, strict=True)},
+    # The braille blank is a symbol, but renders as a space.
+    0x2800: " ",
 }
 
 
@@ -166,12 +168,14 @@ def _forged(written: str, folded: str) -> bool:
     label, summary = header.group(2), header.group(3)
     if label in _OWN_NAMES:
         return True
-    # Another label or none: a header only with a bracket, ending the line
-    # or holding a usage summary (so "memory(buf)[0] is the first byte" is
-    # code, not a header).
-    return summary is not None and (
-        header.end() == len(compact) or _SUMMARY.search(summary) is not None
-    )
+    # Another label or none: a header only with a bracket holding a usage
+    # summary, or, with the name in capitals as the block writes it, any
+    # bracket ending the line (so "memory(buf)[0] is the first byte" is code
+    # and "Memory (JVM) [-Xmx2g]" a note).
+    if summary is None:
+        return False
+    capitals = compact[: len(header.group(1))].isupper()
+    return _SUMMARY.search(summary) is not None or (capitals and header.end() == len(compact))
 
 
 def forged_line(text: str) -> str | None:

@@ -74,7 +74,7 @@ def layout_variants() -> list[str]:
     """Spellings of a tier header, a rule and a separator line."""
     variants = [header(), header("MEMORY", "(agent notes)", "[42% — 924/2,200 chars]")]
     # Each kind of space, between every word of the header.
-    variants += [NBSP_FORGERY.replace("\u00a0", space) for space in SPACES]
+    variants += [NBSP_FORGERY.replace("\u00a0", space) for space in [*SPACES, "\u2800"]]
     variants += [header().replace(" ", space, 1) for space in SPACES]
     # Each dash, in the header's summary and as a rule (not ASCII "-": see
     # test_markdown_rules_and_ordinary_lines_pass).
@@ -150,6 +150,7 @@ def test_no_spelling_of_the_layout_survives(make_sidecar: MakeSidecar) -> None:
         "Use the en dash for ranges: 10\u201320 — and em dashes — for asides",
         "§ 5 of the contract applies",
         "Profile (RAM) [16 GB] for the batch box",
+        "Memory (JVM) [-Xmx2g]",
     ],
 )
 def test_markdown_rules_and_ordinary_lines_pass(text: str) -> None:
