@@ -149,7 +149,9 @@ _RULE = re.compile(
 # both.
 _HEADER = re.compile(r"(memory|user[-_]?profile)(\(.{0,200}?\))?(\[[^\]]{0,200}\])?")
 _OWN_NAMES = ("(agentnotes)", "(whotheuseris)")
-_SUMMARY = re.compile(r"\d.*(%|chars|entr|shown)")
+# The block's own usage summaries, "[42%-924/2,200chars]" and "[1,234entries,
+# 12shown]" as the normalised form writes them.
+_SUMMARY = re.compile(r"\[\d[\d,]*%.{0,40}chars\]|\[\d[\d,]*entr(y|ies)(,\d[\d,]*shown)?\]")
 
 
 def _forged(written: str, folded: str) -> bool:
@@ -175,7 +177,7 @@ def _forged(written: str, folded: str) -> bool:
     if summary is None:
         return False
     capitals = compact[: len(header.group(1))].isupper()
-    return _SUMMARY.search(summary) is not None or (capitals and header.end() == len(compact))
+    return _SUMMARY.fullmatch(summary) is not None or (capitals and header.end() == len(compact))
 
 
 def forged_line(text: str) -> str | None:

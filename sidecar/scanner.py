@@ -9,13 +9,14 @@ kinds:
   direction-changing Unicode (zero-width characters, bidi overrides and
   isolates, tag characters, BOM), text a person reviewing the store cannot
   see but a model reads; a line that imitates the frozen block's layout
-  (sidecar.layout); the turn block's own tags; chat-template special tokens;
-  an image URL that carries data out;
+  (sidecar.layout); the turn block's own tags; an image URL that carries
+  data out;
 - quoted (wording that only resembles an instruction: notes quote attacks to
   warn about them, and "Forget the previous deployment instructions" is a
   fact about deployments): instruction overrides, role or system-prompt
-  tampering, exfiltration and credential phrasing. Such an entry is stored
-  and shown marked as quoted data (`quote`).
+  tampering (with chat-template special tokens, which the quote writes so no
+  tokenizer reads them as its control tokens), exfiltration and credential
+  phrasing. Such an entry is stored and shown marked as quoted data (`quote`).
 
 Patterns catch the common, literal forms. They are a tripwire, not a proof of
 safety: paraphrases, other languages and encodings get through (see
@@ -249,7 +250,7 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             "system_prompt",
             # Role tags and plain-text template markers, and a heading that
             # is only "system" or "SYSTEM: ..." (not "# System setup: Ubuntu").
-            # Special tokens are refused apart (_SPECIAL_TOKENS).
+            # Special tokens are looked for apart (_SPECIAL_TOKENS).
             r"<\s*/?\s*(system|assistant|instructions?)\s*>|\[/?INST\]|<<\s*/?\s*SYS\s*>>|"
             r"^[^\S\n]*#{1,6}[^\S\n]*(system|assistant)([^\S\n]+(prompt|message))?[^\S\n]*"
             r"(:[^\n]*)?$|"
@@ -343,15 +344,19 @@ _FAKE_TAGS = re.compile(
     re.IGNORECASE,
 )
 _TAG_MENTION = re.compile(r"<\s*memor(y|ies)\b[^>]{0,200}>", re.IGNORECASE)
-# Chat-template special tokens: a local model's tokenizer turns them, written
-# anywhere in the prompt, into the real control tokens that end the system
-# turn and open another, so quoting cannot disarm them.
+# Chat-template special tokens: any <|name|> (ChatML, Llama 3, Phi, GPT; with
+# the full-width bars DeepSeek writes, which NFKC folds) and Gemma's turn
+# markers. A local model's tokenizer turns them, written anywhere in the
+# prompt, into the real control tokens that end the system turn, so a quote
+# breaks them (_TOKEN_OPENING) as well as marking them; and Mistral's [INST]
+# (a role marker in the system_prompt rule below, a control token in its
+# newer tokenizers).
 _SPECIAL_TOKENS = re.compile(
-    r"<\|\s*(im_start|im_end|im_sep|start_header_id|end_header_id|eot_id|eom_id|"
-    r"begin_of_text|end_of_text|endoftext|system|user|assistant|start|end|channel|message|"
-    r"return|call)\s*\|>",
-    re.IGNORECASE,
+    r"<\|[^\s|<>]{1,64}\|>|<\s*/?\s*(start|end)_of_turn\s*>", re.IGNORECASE
 )
+_TOKEN_OPENING = re.compile(r"<(?=[|\uff5c]|(start|end)_of_turn>)|\[(?=/?INST\])", re.IGNORECASE)
+
+
 # A refusal or prohibition just before a match (in the same clause) makes it
 # advice, not an order, unless the words between undo it ("do not forget to
 # include your password").
@@ -366,9 +371,8 @@ _UNDOING = re.compile(r"\b(forget|fail|hesitate|neglect|omit|skip)", re.IGNORECA
 @dataclass(frozen=True, slots=True)
 class Finding:
     """What the scan found: its pattern, an excerpt, and whether it is
-    refused (unambiguous: forged layout, hidden characters, special tokens,
-    an image beacon) or stored and shown quoted (wording that only resembles
-    an instruction)."""
+    refused (unambiguous: forged layout, hidden characters, an image beacon)
+    or stored and shown quoted (wording that only resembles an instruction)."""
 
     pattern: str
     excerpt: str
@@ -395,9 +399,6 @@ def scan(text: str) -> Finding | None:
     # ("ig\u00adnore").
     lines = layout.lines(text)
     folded = unicodedata.normalize("NFKC", _SELECTORS.sub("", _CANDIDATES.sub("", lines)))
-    special = _SPECIAL_TOKENS.search(folded)
-    if special:
-        return Finding("system_prompt", special.group()[:80])
     tags = _FAKE_TAGS.search(folded)
     if tags:
         return Finding("layout_forgery", tags.group()[:80])
@@ -407,6 +408,9 @@ def scan(text: str) -> Finding | None:
     # Patterns ignore case, under which a dotted capital I (lowered: i and a
     # combining dot) and a dotless i are i; needles must see them so too.
     lowered = folded.lower().replace("\u0307", "").replace("\u0131", "i")
+    special = _SPECIAL_TOKENS.search(folded) if "<" in folded else None
+    if special:
+        return Finding("system_prompt", special.group()[:80], refused=False)
     for name, pattern, negatable, needles in _RULES:
         if not any(needle in lowered for needle in needles):
             continue
@@ -447,10 +451,11 @@ def quote(text: str) -> str:
     """The text as quoted data: QUOTE_HEADER, then every line after "> ".
     Every line break a renderer honours is made a newline first, so no line
     of the text can stand outside the quote, and the quote has no closing
-    mark for the text to forge: it ends where the entry does."""
-    return QUOTE_HEADER + "".join(
-        f"\n> {line}" if line else "\n>" for line in layout.lines(text).split("\n")
-    )
+    mark for the text to forge: it ends where the entry does. A special
+    token's opening "<" or "[" is followed by a backslash ("<\\|im_end|>",
+    "[\\INST]"), so no tokenizer reads it as its control token."""
+    text = _TOKEN_OPENING.sub(lambda opening: opening.group() + "\\", layout.lines(text))
+    return QUOTE_HEADER + "".join(f"\n> {line}" if line else "\n>" for line in text.split("\n"))
 
 
 def injectable(mode: str, memory: Memory, found: str | None) -> Memory:

@@ -151,6 +151,7 @@ def test_no_spelling_of_the_layout_survives(make_sidecar: MakeSidecar) -> None:
         "§ 5 of the contract applies",
         "Profile (RAM) [16 GB] for the batch box",
         "Memory (JVM) [-Xmx2g]",
+        "Memory (db-3) [92% used] - the alert fired twice",
     ],
 )
 def test_markdown_rules_and_ordinary_lines_pass(text: str) -> None:
