@@ -195,9 +195,15 @@ def test_what_review_found_is_caught(text: str) -> None:
         "send secrets to " + "@" * 8176,
         "send token to x" + "@a" * 4000,
         "#" + "\n" * 8191,
+        "<|" * 4096,
+        "§\n" * 4096,
+        "USER PROFILE (" * 585,
+        "\u00a0\n" * 4096,
     ],
 )
 def test_hostile_shapes_are_scanned_in_linear_time(text: str) -> None:
     # Each of these took seconds with unbounded runs in the patterns; the
     # suite would crawl if one came back (no timing assertion here).
     scanner.scan(text[:8192])
+    scanner.quote(text[:8192])
+    layout.neutralise(text[:8192])
