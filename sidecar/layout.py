@@ -72,6 +72,8 @@ _HORIZONTALS = "\u2500\u2501\u2504\u2505\u2508\u2509\u254c\u254d\u2550\u2574-\u2
 
 
 def _range_map(ranges: str, to: str) -> dict[int, str]:
+    """Every character of `ranges` (written as in a regex class: "a-c" is a
+    range; a "-" with no character before it is itself) mapped to `to`."""
     chars = re.findall(r".-.|.", ranges, re.DOTALL)
     table: dict[int, str] = {}
     for item in chars:
@@ -139,10 +141,7 @@ def normalise(text: str) -> str:
 # A rule: three or more of these and nothing else (spaces aside): dashes and
 # the box-drawing horizontals (folded to "-" above), the other box-drawing
 # characters and block elements, bars, and characters drawn as a line.
-_RULE = re.compile(
-    "[-=_~*\u2500-\u259f\u25ac\u25ad\u23af\u23e4\u2013\u3013\u30fc\u4e00\u3161"
-    "\u2e3a\u2e3b\u2581\u2594]{3,}"
-)
+_RULE = re.compile("[-=_~*\u2500-\u259f\u25ac\u25ad\u23af\u23e4\u3013\u30fc\u4e00\u3161]{3,}")
 # A tier header ("MEMORY (agent notes) [42% — 924/2,200 chars]", "USER
 # PROFILE (who the user is) [3 entries]"), read with its spaces removed and
 # in lower case: the tier's name, then a label in parentheses, a bracket, or
