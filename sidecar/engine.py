@@ -194,15 +194,18 @@ class MemoryEngine:
             raise
 
     def _screen(self, settings: AgentSettings, field: str, text: str) -> None:
-        """Refuse (strict) or log (warn) text that fails the content scan."""
+        """Refuse (strict) or log (warn) text with a refused finding; count
+        text stored to be shown quoted."""
         mode = settings.content_scanning
         if mode == "off":
             return
         finding = scanner.scan(text)
         if finding is None:
             return
-        action = "refused" if mode == "strict" else "warned"
+        action = "quoted" if not finding.refused else "refused" if mode == "strict" else "warned"
         self._metrics.scan_findings.labels(finding.pattern, action).inc()
+        if action == "quoted":
+            return
         if mode == "strict":
             raise InvalidArgument(
                 f"{field} was refused by the content scan ({finding.pattern}: "

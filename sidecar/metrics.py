@@ -175,7 +175,8 @@ class Metrics:
         )
         self.scan_findings = Counter(
             "memory_scan_findings",
-            "Writes whose text failed the content scan, by pattern and what was done.",
+            "Writes whose text the content scan flagged, by pattern and what was done "
+            "(refused, warned: stored and withheld, quoted: stored and shown quoted).",
             ["pattern", "action"],
             registry=r,
         )
