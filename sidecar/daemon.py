@@ -1,18 +1,18 @@
-"""`memory-sidecar serve`: listen, open, migrate, serve, and shut down on a
-signal.
+"""`memory-sidecar serve`: open, migrate, serve, and shut down on a signal.
 
-serve() builds a sidecar.server.Sidecar and binds its listeners (health
-NOT_SERVING, the API refusing calls with DATABASE_UNAVAILABLE), opens the
-store (creating an SQLite file's directory) and migrates it, retrying while
-the database is out of reach (sidecar.startup), then reports SERVING, waits
-for SIGTERM, SIGINT or `stop`, and stops the server before closing the
-store. sidecar.cli also uses setup_logging, and open_store for the offline
+serve() opens the store (creating an SQLite file's directory) and migrates
+it, and builds and starts a sidecar.server.Sidecar. While the database is
+out of reach it binds the listeners meanwhile (health NOT_SERVING, the API
+refusing calls with DATABASE_UNAVAILABLE) and tries again
+(sidecar.startup); once open it reports SERVING. It then waits for SIGTERM,
+SIGINT or `stop`, and stops the server before closing the store.
+sidecar.cli also uses setup_logging, and open_store for the offline
 commands.
 
 Owns: the process's life: logging set-up, signal handling, and the order
-listen, open, migrate, serve, stop, close. Must not touch: parsing or
-validating settings (it is handed a Config), request handling, SQL,
-os.environ.
+open, migrate (listening meanwhile if that waits), serve, stop, close. Must
+not touch: parsing or validating settings (it is handed a Config), request
+handling, SQL, os.environ.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ at once on what it cannot, and give up at a deadline.
 
 A native sidecar that exits because PostgreSQL is not up yet is restarted
 by the kubelet with a growing back-off, and holds the agent container back
-all the while. So the daemon listens first (health NOT_SERVING, the API
-refusing calls with DATABASE_UNAVAILABLE) and tries to open the store again
-and again, with capped exponential back-off and jitter, until it is open
-(SERVING), SIGTERM comes, or server.startup_timeout_seconds have passed.
+all the while. So after a first failed attempt the daemon listens
+(health NOT_SERVING, the API refusing calls with DATABASE_UNAVAILABLE: the
+`waiting` callback) and tries to open the store again and again, with
+capped exponential back-off and jitter, until it is open (SERVING),
+SIGTERM comes, or server.startup_timeout_seconds have passed.
 
 What is worth waiting for: a database out of reach or not accepting
 connections yet (DATABASE_UNAVAILABLE: refused, timed out, starting up,
