@@ -72,7 +72,7 @@ class PageTokens:
             # Serving before the store was opened: a bug, not a client error.
             raise RuntimeError("page tokens used before the database's key was read")
         fields = json.dumps([_VERSION, kind, bound_to, position], separators=(",", ":"))
-        mac = hmac.new(self._key, fields.encode(), hashlib.sha256).digest()[:_SIGNATURE_BYTES]
+        mac = hmac.digest(self._key, fields.encode(), "sha256")[:_SIGNATURE_BYTES]
         return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
     def encode(self, kind: str, bound_to: str, position: int) -> str:
