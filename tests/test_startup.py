@@ -156,9 +156,13 @@ def test_waits_not_serving_for_postgresql_then_serves(bindir: Path, waiting: lis
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
             error = refused(stub.AddMemory, pb.AddMemoryRequest(content="early"), timeout=5)
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert error_info(error).reason == "DATABASE_UNAVAILABLE"
-        assert "waits for its database" in error.details()
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_info(error).reason == "DATABASE_UNAVAILABLE"
+            assert "waits for its database" in error.details()
+            assert "Connection refused" in error.details()  # what the last attempt met
+            stream = stub.ExportMemories(pb.ExportMemoriesRequest(), timeout=5)
+            error = refused(list, stream)
+            assert error_info(error).reason == "DATABASE_UNAVAILABLE"
 
         cluster.serve()
         deadline = time.monotonic() + PATIENCE
@@ -220,6 +224,17 @@ def test_sigterm_while_an_attempt_hangs_exits_cleanly(waiting: list[Waiting]) ->
             assert daemon.wait() == 0, "\n".join(daemon.log)
     assert any("stopped before the database was ready" in line for line in daemon.log)
     assert not any("Traceback" in line for line in daemon.log)
+
+
+def test_sigterm_while_waiting_between_attempts_exits_cleanly(waiting: list[Waiting]) -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    daemon = Waiting("--db", dsn, "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0")
+    waiting.append(daemon)
+    _, health_address, _ = daemon.until(_LISTENING.pattern).groups()
+    assert health(health_address) == NOT_SERVING
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.wait() == 0, "\n".join(daemon.log)
+    assert daemon.log[-1].endswith("stopped before the database was ready"), daemon.log
 
 
 def test_a_refused_login_fails_at_once(postgres: pg.Cluster) -> None:
