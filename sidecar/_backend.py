@@ -33,6 +33,7 @@ from sidecar.errors import (
     FailedPrecondition,
     ResourceExhausted,
     SidecarError,
+    StoreError,
     Unavailable,
 )
 
@@ -56,6 +57,12 @@ EVENT_HORIZON_TABLE = "memory_event_horizon"
 # Erasures (ForgetUser, DeleteScope): who, what, when and how many, never
 # content (schema 7).
 AUDIT_TABLE = "audit_log"
+# Random keys made once per database by a migration, so that every replica
+# of it holds the same ones (schema 8): page tokens are signed with
+# PAGE_TOKEN_KEY (sidecar.paging).
+KEYS_TABLE = "server_keys"
+PAGE_TOKEN_KEY = "page_tokens"
+KEY_BYTES = 32
 # The duplicate check asks for a partition's first entry with a digest
 # (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
@@ -186,6 +193,15 @@ class Backend(abc.ABC):
     # 1, or 0: exact and case-sensitive, unlike LIKE (which SQLite folds for
     # ASCII, and where % and _ are wildcards).
     position_function: ClassVar[str]
+
+    def key(self, name: str) -> bytes:
+        """The database's key of that name (schema 8). Call inside a connection."""
+        row = self.db.execute_sql(
+            f"SELECT secret FROM {KEYS_TABLE} WHERE name = {self.db.param}", (name,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"{self.location} has no key {name!r}; was schema 8 rolled back?")
+        return bytes(row[0])
 
     def lock_partition(self, owner: str, tier: str) -> PartitionState:
         """The partition's state row, locked until the transaction ends.

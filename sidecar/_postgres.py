@@ -13,7 +13,7 @@ Many replicas share one database. What keeps them correct:
   starting together migrate once.
 
 Owns: PostgreSQL's pool and connection parameters, DSN redaction, the schema
-steps (4 at once, then 5 and 6), the migration lock, the NOTIFY channel, the
+steps (4 at once, then 5 to 8), the migration lock, the NOTIFY channel, the
 generation sequence and the listener. Must not touch: SQLite, caches, the engine,
 gRPC; the password is an argument (sidecar.config reads it). Only sidecar.store
 imports this module, inside a function.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,9 @@ from sidecar._backend import (
     EVENT_HORIZON_TABLE,
     EVENTS_TABLE,
     INDEX_TABLE,
+    KEY_BYTES,
+    KEYS_TABLE,
+    PAGE_TOKEN_KEY,
     SCHEMA_TABLE,
     STATE_TABLE,
     VECTORS_TABLE,
@@ -47,6 +51,7 @@ from sidecar._backend import (
 )
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import (
+    DatabaseRefused,
     StoreError,
     Unavailable,
 )
@@ -236,6 +241,15 @@ def _v7_lifecycle(db: Any) -> None:
     )
 
 
+def _v8_keys(db: Any) -> None:
+    """Schema 8: as SQLite's (sidecar._sqlite._v8_keys)."""
+    db.execute_sql(f"CREATE TABLE {KEYS_TABLE} (name TEXT PRIMARY KEY, secret BYTEA NOT NULL)")
+    db.execute_sql(
+        f"INSERT INTO {KEYS_TABLE} (name, secret) VALUES (%s, %s)",
+        (PAGE_TOKEN_KEY, os.urandom(KEY_BYTES)),
+    )
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
@@ -243,6 +257,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
     (6, "entries' embeddings", _v6_vectors),
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
+    (8, "the key page tokens are signed with", _v8_keys),
 ]
 
 # SQLSTATEs a client can act on by retrying.
@@ -261,6 +276,20 @@ _BUSY = {
     "40P01": "a concurrent write deadlocked; retry",
     "57014": "the statement ran past its timeout; retry",
 }
+
+
+# What libpq says when the server answered but refused the login (a failed
+# connection carries no SQLSTATE, only libpq's text): waiting does not mend
+# these, a change of configuration does.
+_REFUSED = (
+    "authentication failed",  # password, peer, ident, cert, ...
+    "no pg_hba.conf entry",
+    "does not exist",  # the role or the database
+    "permission denied",
+    "not permitted to log in",
+    "no password supplied",
+    "does not support SSL",
+)
 
 
 class ErrorGuard(_backend.ErrorGuard):
@@ -287,7 +316,10 @@ class ErrorGuard(_backend.ErrorGuard):
             # libpq's first line says what failed; later ones are hints.
             lines = [line.strip() for line in str(original).splitlines() if line.strip()]
             why = lines[0] if lines else "no answer"
-            raise Unavailable(
+            refused = state.startswith(("28", "3D")) or (
+                not state and any(words in str(original) for words in _REFUSED)
+            )
+            raise (DatabaseRefused if refused else Unavailable)(
                 f"cannot reach the database at {self.location}: {why}",
                 reason="DATABASE_UNAVAILABLE",
             ) from exc

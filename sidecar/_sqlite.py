@@ -32,6 +32,9 @@ from sidecar._backend import (
     EVENT_HORIZON_TABLE,
     EVENTS_TABLE,
     INDEX_TABLE,
+    KEY_BYTES,
+    KEYS_TABLE,
+    PAGE_TOKEN_KEY,
     SCHEMA_TABLE,
     STATE_TABLE,
     VECTORS_TABLE,
@@ -308,6 +311,16 @@ def _v7_lifecycle(db: PooledSqliteDatabase) -> None:
     )
 
 
+def _v8_keys(db: PooledSqliteDatabase) -> None:
+    """Schema 8: the database's own random keys, made here once (under the
+    migration's lock), so every daemon on the database reads the same."""
+    db.execute_sql(f"CREATE TABLE {KEYS_TABLE} (name TEXT PRIMARY KEY, secret BLOB NOT NULL)")
+    db.execute_sql(
+        f"INSERT INTO {KEYS_TABLE} (name, secret) VALUES (?, ?)",
+        (PAGE_TOKEN_KEY, os.urandom(KEY_BYTES)),
+    )
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -321,6 +334,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (5, "persisted compact indexes of large partitions", _v5_compact_index),
     (6, "entries' embeddings", _v6_vectors),
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
+    (8, "the key page tokens are signed with", _v8_keys),
 ]
 
 

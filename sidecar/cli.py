@@ -408,5 +408,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _mcp(args, cfg)
         return admin.Online(args, cfg, sys.stdout).run()
     except SidecarError as exc:
-        print(f"memory-sidecar: {exc.message}", file=sys.stderr)
+        # One line, with the stable reason an operator (or a log alert) can
+        # match on: DATABASE_UNAVAILABLE, DATABASE_CORRUPT, BIND_FAILED, ...
+        print(f"memory-sidecar: {exc.reason}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR

@@ -124,6 +124,12 @@ class ServerSettings:
     # as for listen (sidecar.mcp_http).
     mcp_listen: str = ""
     grace_seconds: float = 10.0
+    # How long a start waits for a database it cannot reach yet (retrying
+    # with back-off, health NOT_SERVING meanwhile) before it exits with
+    # DATABASE_UNAVAILABLE; 0 waits forever. 120 s outlasts a PostgreSQL
+    # failover or restart, and ends before the shipped startupProbe's 150 s,
+    # so the exit says why rather than the kubelet killing a silent daemon.
+    startup_timeout_seconds: float = 120.0
     durability: str = "normal"
     busy_timeout_ms: int = 5000
     max_workers: int = 16

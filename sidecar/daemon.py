@@ -1,13 +1,18 @@
 """`memory-sidecar serve`: open, migrate, serve, and shut down on a signal.
 
-serve() opens the store (creating an SQLite file's directory) and migrates it,
-builds and starts a sidecar.server.Sidecar, waits for SIGTERM, SIGINT or `stop`,
-then stops the server before closing the store. sidecar.cli also uses
-setup_logging, and open_store for the offline commands.
+serve() opens the store (creating an SQLite file's directory) and migrates
+it, and builds and starts a sidecar.server.Sidecar. While the database is
+out of reach it binds the listeners meanwhile (health NOT_SERVING, the API
+refusing calls with DATABASE_UNAVAILABLE) and tries again
+(sidecar.startup); once open it reports SERVING. It then waits for SIGTERM,
+SIGINT or `stop`, and stops the server before closing the store.
+sidecar.cli also uses setup_logging, and open_store for the offline
+commands.
 
-Owns: the process's life: logging set-up, signal handling, and the order open,
-migrate, start, stop, close. Must not touch: parsing or validating settings (it
-is handed a Config), request handling, SQL, os.environ.
+Owns: the process's life: logging set-up, signal handling, and the order
+open, migrate (listening meanwhile if that waits), serve, stop, close. Must
+not touch: parsing or validating settings (it is handed a Config), request
+handling, SQL, os.environ.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from sidecar.config import Config
 from sidecar.errors import StoreError
 from sidecar.metrics import Metrics
 from sidecar.server import Sidecar
+from sidecar.startup import wait_for_database
 from sidecar.store import Store, is_dsn
 
 log = logging.getLogger("sidecar")
@@ -82,11 +88,54 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
 
     metrics = Metrics()
     store = open_store(config, metrics)
-    version = store.open()
-    sidecar = Sidecar(config, store, metrics=metrics)
+    # Built at the first attempt that fails for a reason worth waiting on:
+    # a database that opens at once (an SQLite file) starts as before, and
+    # an error that lasts is one line, before anything else is logged.
+    waiter: list[Sidecar] = []
+    versions: list[int] = []
+
+    def attempt() -> None:
+        versions.append(store.open())
+        if waiter:
+            waiter[0].connect()
+
+    def waiting(why: str) -> None:
+        if not waiter:
+            waiter.append(Sidecar(config, store, metrics=metrics))
+            listening = waiter[0].listen()
+            log.info(
+                "listening api=%s health=%s metrics=%s; NOT_SERVING until the database is ready",
+                listening.api,
+                listening.health or "-",
+                listening.metrics or "-",
+            )
+        waiter[0].gate.wait(why)
+
     try:
-        addresses = sidecar.start()
-    except Exception:
+        opened = wait_for_database(
+            attempt,
+            backend=store.backend,
+            timeout=config.server.startup_timeout_seconds,
+            stop=stop,
+            waiting=waiting,
+        )
+        if not opened:
+            # An attempt may still be under way on its thread: the store is
+            # left to the process's exit rather than closed under it.
+            if waiter:
+                waiter[0].stop(0)
+            log.info("stopped before the database was ready")
+            return 0
+        if waiter:
+            sidecar = waiter[0]
+            addresses = sidecar.ready()
+        else:
+            sidecar = Sidecar(config, store, metrics=metrics)
+            waiter.append(sidecar)
+            addresses = sidecar.start()
+    except BaseException:
+        if waiter:
+            waiter[0].stop(0)
         store.close()
         raise
     log.info(
@@ -96,7 +145,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         addresses.metrics or "-",
         addresses.mcp or "-",
         store.path,
-        version,
+        versions[-1],
     )
     stop.wait()
     log.info("shutting down: draining for up to %gs", config.server.grace_seconds)

@@ -82,6 +82,16 @@ class Unavailable(SidecarError):
     default_reason = "UNAVAILABLE"
 
 
+class DatabaseRefused(Unavailable):
+    """The database server answered and refused this daemon: wrong
+    credentials, no such role or database, no permission. Callers see
+    DATABASE_UNAVAILABLE as for a database out of reach; start-up fails at
+    once instead of waiting for it (sidecar.startup), since only a change
+    of configuration mends it."""
+
+    default_reason = "DATABASE_UNAVAILABLE"
+
+
 class Unauthenticated(SidecarError):
     code = "UNAUTHENTICATED"
     default_reason = "TOKEN_INVALID"

@@ -52,10 +52,10 @@ def _wanted(context: Any) -> bool:
     return bool(context.is_active()) and (remaining is None or remaining > 0)
 
 
-def _cursor(token: str, bound_to: str) -> int:
+def _cursor(pages: paging.PageTokens, token: str, bound_to: str) -> int:
     """The seq a cursor ends at; 0 for none (the start)."""
     try:
-        return paging.decode(token, _KIND, bound_to)
+        return pages.decode(token, _KIND, bound_to)
     except InvalidArgument as exc:
         mismatch = exc.reason == "PAGE_TOKEN_MISMATCH"
         raise InvalidArgument(
@@ -85,10 +85,15 @@ class ExportStream:
     """The ExportMemories handler MemoryService delegates to."""
 
     def __init__(
-        self, engine: MemoryEngine, limits: Limits, read_tiers: Callable[[int], tuple[Tier, ...]]
+        self,
+        engine: MemoryEngine,
+        limits: Limits,
+        read_tiers: Callable[[int], tuple[Tier, ...]],
+        pages: paging.PageTokens,
     ) -> None:
         self._exports = engine.exports
         self._limits = limits
+        self._pages = pages
         # service.read_tiers, handed in: this module sits beside the service
         # and may not import it back.
         self._read_tiers = read_tiers
@@ -126,7 +131,7 @@ class ExportStream:
         self, request: pb.ExportMemoriesRequest, context: Any
     ) -> Iterator[pb.ExportMemoriesResponse]:
         partitions, bound_to = self._partitions(request)
-        after = _cursor(request.cursor, bound_to)
+        after = _cursor(self._pages, request.cursor, bound_to)
         if request.batch_size < 0:
             raise InvalidArgument(
                 f"batch_size must not be negative, got {request.batch_size}",
@@ -177,7 +182,7 @@ class ExportStream:
             yield pb.ExportMemoriesResponse(
                 jsonl="".join(lines),
                 count=len(lines),
-                cursor=paging.encode(_KIND, bound_to, after),
+                cursor=self._pages.encode(_KIND, bound_to, after),
                 done=done,
             )
             if done:

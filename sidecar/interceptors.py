@@ -8,7 +8,8 @@ other exception is logged with its traceback and becomes INTERNAL, without
 leaking the exception's text to the client.
 
 Owns: SidecarError to status (INTERNAL for anything else), the per-call metrics,
-bearer-token authentication (TokenFile, AuthInterceptor) and `_KINDS`. Must not
+bearer-token authentication (TokenFile, AuthInterceptor), the start-up gate
+(StartupGate) and `_KINDS`. Must not
 touch: the engine, the store, request fields (sidecar.service checks each scope
 against the grant set here). sidecar.tracing imports the private `_KINDS`.
 """
@@ -29,7 +30,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from sidecar.access import SINGLE, TOKEN_FILE_BYTES, Grant, TokensFile, bearer_token, granted
-from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated
+from sidecar.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated, Unavailable
 from sidecar.metrics import Metrics
 from sidecar.reloading import Reloading, Unreadable, read_regular
 
@@ -388,3 +389,52 @@ def _refusing(handler: Any, status: grpc.Status) -> Any:
                 response_serializer=handler.response_serializer,
             )
     return handler
+
+
+class StartupGate(grpc.ServerInterceptor):
+    """Refuses memory.v1 calls with UNAVAILABLE (DATABASE_UNAVAILABLE) while
+    the daemon waits for its database; health checks and reflection pass.
+
+    The API listens from the start, so a client hears why it must wait (and
+    that it may retry) instead of a refused connection, and the health
+    service on it answers NOT_SERVING. Once opened it costs one attribute
+    read per call.
+    """
+
+    def __init__(self) -> None:
+        # Why calls are refused (the database's last error), or None: open.
+        self._waiting: str | None = "the database is not open yet"
+
+    def wait(self, why: str) -> None:
+        self._waiting = why
+
+    def open(self) -> None:
+        self._waiting = None
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
+        waiting = self._waiting
+        handler = continuation(handler_call_details)
+        if waiting is None or handler is None:
+            return handler
+        if not handler_call_details.method.startswith("/memory.v1."):
+            return handler
+        status = to_status(
+            Unavailable(
+                f"the sidecar is starting and waits for its database ({waiting}); retry",
+                reason="DATABASE_UNAVAILABLE",
+            )
+        )
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort_with_status(status)
+
+        for attribute, _kind, make in _KINDS:
+            if getattr(handler, attribute) is not None:
+                return make(
+                    refuse,
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        return handler

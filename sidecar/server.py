@@ -38,8 +38,15 @@ from sidecar.config import Config, ServerSettings
 from sidecar.embedding import Encoder, EndpointEncoder, LocalEncoder
 from sidecar.engine import MemoryEngine
 from sidecar.errors import ConfigError, SidecarError
-from sidecar.interceptors import AuthInterceptor, ErrorInterceptor, MetricsInterceptor, TokenFile
+from sidecar.interceptors import (
+    AuthInterceptor,
+    ErrorInterceptor,
+    MetricsInterceptor,
+    StartupGate,
+    TokenFile,
+)
 from sidecar.metrics import Metrics
+from sidecar.paging import PageTokens
 from sidecar.reloading import Watcher
 from sidecar.service import SERVICE_NAME, MemoryService
 from sidecar.store import Store
@@ -206,6 +213,11 @@ class Sidecar:
     >>> sidecar = Sidecar(config, store)
     >>> addresses = sidecar.start()      # binds, then reports SERVING
     >>> sidecar.stop(grace=10)           # NOT_SERVING, drain, close
+
+    start() is listen(), connect() and ready() in a row, with the store
+    already open. sidecar.daemon calls them one by one instead, so the
+    listeners answer (NOT_SERVING; UNAVAILABLE, DATABASE_UNAVAILABLE on the
+    API) while it waits for the database.
     """
 
     def __init__(
@@ -237,6 +249,11 @@ class Sidecar:
         # the set last swapped in, so no file can stall or fail it.
         self._reloads = Watcher(auth.files if auth else (), config.server.auth_reload_seconds)
         self.metrics.auth_file_problems.set_function(lambda: float(self._reloads.problems))
+        # Refuses API calls until ready() (health and reflection pass).
+        self.gate = StartupGate()
+        # Keyed from the database by connect(), before anything is served.
+        self.pages = PageTokens()
+        self._ready = False
         # Spans for the RPCs and their statements, on `tracer_provider` or
         # one exporting over OTLP. With tracing off OpenTelemetry is never
         # imported, and no interceptor or statement wrapper is installed.
@@ -254,6 +271,7 @@ class Sidecar:
                 *([self._tracing.interceptor()] if self._tracing else []),
                 MetricsInterceptor(self.metrics),
                 *([auth] if auth else []),
+                self.gate,
                 ErrorInterceptor(),
             ],
             options=[
@@ -263,7 +281,7 @@ class Sidecar:
             ],
         )
         pb_grpc.add_MemoryServiceServicer_to_server(
-            MemoryService(self.engine, config.server.limits()), self._api
+            MemoryService(self.engine, config.server.limits(), self.pages), self._api
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)
         reflection.enable_server_reflection(
@@ -283,6 +301,7 @@ class Sidecar:
                 auth=auth,
             )
         self._health_server: grpc.Server | None = None
+        self._addresses = Addresses(api="", health=None, metrics=None)
         self._metrics_server: Any = None
         self._stopped = threading.Event()
         self._janitor = threading.Thread(target=self._sweep, name="janitor", daemon=True)
@@ -316,7 +335,23 @@ class Sidecar:
 
         Call after the store is open and migrated: SERVING means ready.
         """
+        self.listen()
+        try:
+            self.connect()
+        except BaseException:
+            self._abort()
+            raise
+        return self.ready()
+
+    def listen(self) -> Addresses:
+        """Bind every listener and start the API and health ones: health
+        answers NOT_SERVING and the API refuses calls (the gate) until
+        ready(). Needs no database. The MCP listener's socket is bound here
+        but served from ready() (its URL is not in these addresses)."""
         server = self.config.server
+        # The health servicer starts out SERVING for the server as a whole.
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
             api = _display(
                 server.listen,
@@ -351,28 +386,33 @@ class Sidecar:
         except BindError:
             self._close_listeners()
             raise
-        if self.engine.feed is not None:
-            try:
-                # Hear other processes' writes before serving anything cached.
-                self.engine.feed.start()
-            except Exception:
-                self._close_listeners()
-                raise
         self._api.start()
         if server.listen.startswith("unix:"):
             # Only this user may connect: the socket is the API's front door.
             os.chmod(server.listen.removeprefix("unix:").removeprefix("//"), 0o600)
         if self._health_server is not None:
             self._health_server.start()
+        self._addresses = Addresses(api=api, health=health_address, metrics=metrics_address)
+        return self._addresses
+
+    def connect(self) -> None:
+        """What needs the open store before serving: the page tokens' key,
+        and the change feed (so other processes' writes are heard before
+        anything cached is served). May be called again after it failed."""
+        self.pages.use(self.store.page_token_key())
+        if self.engine.feed is not None:
+            self.engine.feed.start()
+
+    def ready(self) -> Addresses:
+        """Serve the MCP listener, start the background threads, open the
+        gate and report SERVING. After listen() and connect()."""
+        server = self.config.server
         mcp_url = None
         if self._mcp is not None and self._mcp_socket is not None:
             try:
                 mcp_url = self._mcp.start(self._mcp_socket)
             except Exception:
-                self._api.stop(None).wait()
-                if self.engine.feed is not None:
-                    self.engine.feed.stop()
-                self._close_listeners()
+                self._abort()
                 raise
         self._janitor.start()
         self._reloads.start()
@@ -381,9 +421,23 @@ class Sidecar:
         self.engine.watches.start()  # the event log's retention
         if self.engine.semantic is not None:
             self.engine.semantic.start()  # embeds entries stored without a vector
+        self._ready = True
+        self.gate.open()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return Addresses(api=api, health=health_address, metrics=metrics_address, mcp=mcp_url)
+        return Addresses(
+            api=self._addresses.api,
+            health=self._addresses.health,
+            metrics=self._addresses.metrics,
+            mcp=mcp_url,
+        )
+
+    def _abort(self) -> None:
+        """Undo listen() (and a started feed): start-up failed."""
+        self._api.stop(None).wait()
+        if self.engine.feed is not None:
+            self.engine.feed.stop()
+        self._close_listeners()
 
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish.
@@ -399,6 +453,12 @@ class Sidecar:
         # Probes see NOT_SERVING first, so traffic is steered away while the
         # API drains; the health listener stays up until the API is done.
         self.health.enter_graceful_shutdown()
+        if not self._ready:
+            # Stopped while waiting for the database: every call was
+            # refused, nothing in the background runs yet.
+            self._abort()
+            self._shut_tracing()
+            return
         grace = self.config.server.grace_seconds if grace is None else grace
         # Watches never end on their own: end them now, not after the grace.
         self.engine.watches.stop()
@@ -426,6 +486,9 @@ class Sidecar:
         if not self.engine.stop_indexing(max(grace, INDEX_SAVE_GRACE_SECONDS)):
             log.warning("stopping while a compact index is still being saved")
         self._close_listeners()
+        self._shut_tracing()
+
+    def _shut_tracing(self) -> None:
         if self._tracing is not None:
             self.store.trace(None)
             self._tracing.shutdown()

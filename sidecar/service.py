@@ -155,15 +155,16 @@ def _still_wanted(context: Any) -> Callable[[], bool]:
 
 
 class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
+    def __init__(self, engine: MemoryEngine, limits: Limits, pages: paging.PageTokens) -> None:
         self._engine = engine
         self._limits = limits
+        self._pages = pages
         self._tools = Tools(engine, limits)
         # The frozen half of InjectForTurn answers, by what they hold: views
         # that render the same (every empty scope's, say) share one message,
         # which costs about a kilobyte.
         self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
-        self._export = ExportStream(engine, limits, read_tiers)
+        self._export = ExportStream(engine, limits, read_tiers, pages)
         # They hold rendered content: none outlives an erasure.
         engine.forgetting.listeners.append(lambda: self._frozen.expire(math.inf))
 
@@ -298,7 +299,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         category = self._category(request.category)
         size = paging.page_size(request.page_size, default=MAX_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
         bound_to = paging.digest(scope, tiers, category)
-        after = paging.decode(request.page_token, "list", bound_to)
+        after = self._pages.decode(request.page_token, "list", bound_to)
         # One more than the page holds: whether another page follows.
         memories, usage = self._engine.list_memories(
             scope, tiers, category, after_seq=after, limit=size + 1,
@@ -317,7 +318,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             response.memories.append(item)
             taken += 1
         if taken < len(memories):
-            response.next_page_token = paging.encode("list", bound_to, memories[taken - 1].seq)
+            response.next_page_token = self._pages.encode("list", bound_to, memories[taken - 1].seq)
         return response
 
     def SearchMemories(
@@ -330,7 +331,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         limit = _bounded("limit", request.limit, MAX_SEARCH_LIMIT) or DEFAULT_SEARCH_LIMIT
         size = paging.page_size(request.page_size, default=limit, maximum=MAX_SEARCH_LIMIT)
         bound_to = paging.digest(scope, tiers, query, category, limit, request.match_all)
-        offset = paging.decode(request.page_token, "search", bound_to)
+        offset = self._pages.decode(request.page_token, "search", bound_to)
         hits = self._engine.search(
             scope, query, tiers, category=category, limit=limit, match_all=request.match_all
         )
@@ -344,7 +345,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             response.hits.append(hit)
             end += 1
         if end < len(hits):
-            response.next_page_token = paging.encode("search", bound_to, end)
+            response.next_page_token = self._pages.encode("search", bound_to, end)
         return response
 
     def InjectForTurn(

@@ -56,6 +56,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "metrics_listen": _address,
     "mcp_listen": _http_address,
     "grace_seconds": _at_least(0),
+    "startup_timeout_seconds": _between(0, 86_400),
     "durability": _one_of("normal", "full"),
     "busy_timeout_ms": _at_least(0),
     "max_workers": _at_least(1),

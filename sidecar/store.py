@@ -25,7 +25,13 @@ from typing import Any, NamedTuple
 from peewee import fn
 
 from sidecar import _sqlite, schema
-from sidecar._backend import Backend, FeedSettings, PartitionState, StatementSpan
+from sidecar._backend import (
+    PAGE_TOKEN_KEY,
+    Backend,
+    FeedSettings,
+    PartitionState,
+    StatementSpan,
+)
 from sidecar._statements import Record, unexpired
 from sidecar._tables import Tables, to_memory, usage_of
 from sidecar.changes import ChangeFeed, OnChange
@@ -163,6 +169,12 @@ class Store:
     def close(self) -> None:
         """Close every pooled connection (the last close checkpoints the WAL)."""
         self._db.close_all()
+
+    def page_token_key(self) -> bytes:
+        """The key page tokens are signed with: random, made once per
+        database, so every replica on it accepts the others' tokens."""
+        with self._guard(), self._db.connection_context():
+            return self._backend.key(PAGE_TOKEN_KEY)
 
     def trace(self, span: StatementSpan | None) -> None:
         """Run every statement inside `span(sql)` (sidecar.tracing); None stops."""

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL cluster for one test session.
 
 initdb into a temporary directory, served on a Unix socket in that directory
-only (no TCP port), with durability off (a test cluster is never kept). As
+only (no TCP port, unless one is asked for), with durability off (a test cluster is never kept). As
 root, the server runs as the `postgres` user, since PostgreSQL refuses to run
 as root. Each test gets databases of its own.
 """
@@ -40,8 +40,10 @@ _NOT_DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
 
 
 class Cluster:
-    def __init__(self, bin_dir: Path, *, durable: bool = False) -> None:
+    def __init__(self, bin_dir: Path, *, durable: bool = False, port: int = 0) -> None:
         self._bin = bin_dir
+        # Also listen on 127.0.0.1:port (the superuser trusted), when given.
+        self.port = port
         # Tests run without fsync; `make bench` with PostgreSQL's defaults.
         self._durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="memory-sidecar-pg-"))
@@ -60,6 +62,12 @@ class Cluster:
         return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
 
     def start(self) -> None:
+        if not self.data.exists():
+            self.init()
+        self.serve()
+
+    def init(self) -> None:
+        """initdb, without starting the server (serve() does)."""
         self._run(
             [
                 str(self._bin / "initdb"),
@@ -80,10 +88,14 @@ class Cluster:
         # give one, so tests can check that passwords reach the server.
         (self.data / "pg_hba.conf").write_text(
             "local all postgres trust\nlocal all all scram-sha-256\n"
+            + ("host all postgres 127.0.0.1/32 trust\n" if self.port else "")
         )
+
+    def serve(self) -> None:
         options = " ".join(
             [
-                "-c listen_addresses=''",
+                f"-c listen_addresses='{'127.0.0.1' if self.port else ''}'",
+                *([f"-p {self.port}"] if self.port else []),
                 f"-k {self.root}",
                 "-c max_connections=300",
             ]
@@ -109,9 +121,14 @@ class Cluster:
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def tcp_dsn(self, database: str = "postgres") -> str:
+        """The superuser's DSN over TCP (a cluster made with a port)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
     def dsn(self, database: str = "postgres", user: str = "postgres") -> str:
         host = urllib.parse.quote(str(self.root), safe="")
-        return f"postgresql://{user}@/{database}?host={host}"
+        port = f"&port={self.port}" if self.port else ""
+        return f"postgresql://{user}@/{database}?host={host}{port}"
 
     def sql(self, statement: str, database: str = "postgres") -> list[tuple[object, ...]]:
         """Run one statement as the superuser; its rows."""

@@ -210,6 +210,16 @@ def test_the_single_example_never_runs_two_pods_on_its_volume() -> None:
     assert by_kind("PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
+def outlasts_the_startup_timeout(probe: dict[str, Any], cfg: config.Config) -> None:
+    """The kubelet gives up on a start later than the sidecar does (its
+    last attempt may take a connect timeout more), so the sidecar's exit,
+    with its reason, is what the operator finds; and it does give up."""
+    window = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+    timeout = cfg.server.startup_timeout_seconds
+    assert timeout > 0
+    assert window >= timeout + cfg.server.busy_timeout_ms / 1000 + 10
+
+
 def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
     pod = by_kind("Deployment")["spec"]["template"]
     spec = pod["spec"]
@@ -221,6 +231,7 @@ def test_pod_runs_the_sidecar_natively_with_grpc_probes() -> None:
     assert cfg.server.listen.startswith("127.0.0.1:")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"]["port"] == health_port
+    outlasts_the_startup_timeout(sidecar["startupProbe"], cfg)
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     metrics_port = int(cfg.server.metrics_listen.rpartition(":")[2])
     assert ports["metrics"] == metrics_port
@@ -344,6 +355,7 @@ def test_replicas_share_one_postgresql_through_a_dsn_secret(tmp_path: Path) -> N
     assert cfg.server.listen.startswith("127.0.0.1:")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"]["port"] == int(cfg.server.health_listen.rpartition(":")[2])
+    outlasts_the_startup_timeout(sidecar["startupProbe"], cfg)
     assert spec["terminationGracePeriodSeconds"] > cfg.server.grace_seconds + 5
     assert "persistentVolumeClaim" not in str(volumes), "no SQLite file in this example"
 

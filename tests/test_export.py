@@ -4,6 +4,8 @@ from one snapshot, resumable from a cursor, and `memory-sidecar export
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import signal
 import socket
@@ -206,6 +208,13 @@ def test_a_bad_cursor_or_batch_size_is_refused(make_sidecar: MakeSidecar) -> Non
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
         assert error_info(error).reason == "CURSOR_INVALID", fields
         assert "cursor" in error.details()
+    # A cursor with its position changed (decoded, edited, encoded again).
+    fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    fields[3] = 1
+    edited = base64.urlsafe_b64encode(json.dumps(fields).encode()).decode()
+    error = refused(export, running, scope=SCOPE, cursor=edited)
+    assert error_info(error).reason == "CURSOR_INVALID"
+    assert "did not issue" in error.details() or "issued" in error.details()
     error = refused(export, running, scope=SCOPE, batch_size=-1)
     assert error_info(error).reason == "BATCH_SIZE_OUT_OF_RANGE"
     error = refused(export, running, scope=SCOPE, tier=7)

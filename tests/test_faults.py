@@ -90,6 +90,7 @@ def test_a_read_only_database_refuses_to_start_with_one_line(
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     result = run_sidecar("serve", "--db", str(db), "--listen", "127.0.0.1:0")
     assert result.returncode != 0
+    assert "DATABASE_READ_ONLY: " in result.stderr, result.stderr
     assert "cannot be written" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
@@ -111,6 +112,7 @@ def test_damaged_pages_are_data_loss_before_serving(tmp_path: Path) -> None:
     assert caught.value.reason == "DATABASE_CORRUPT"
     result = run_sidecar("serve", "--db", str(db), "--listen", "127.0.0.1:0")
     assert result.returncode != 0
+    assert "DATABASE_CORRUPT: " in result.stderr, result.stderr
     assert "is damaged" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     checked = run_sidecar("check", "--db", str(db))

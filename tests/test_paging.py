@@ -168,3 +168,51 @@ def test_the_cli_lists_every_page(
     listed = json.loads(capsys.readouterr().out)
     assert [m["id"] for m in listed["memories"]] == ids
     assert "nextPageToken" not in listed
+
+
+def forged(token: str, position: int) -> str:
+    """The token with its position changed and everything else kept: what a
+    client that read the (unencrypted) format could make."""
+    fields = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    fields[3] = position
+    return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
+
+
+def test_a_forged_or_unsigned_token_is_refused(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar(UNLIMITED)
+    fill(running, 6)
+    token = running.list(scope=SCOPE, page_size=2).next_page_token
+    assert len(running.list(scope=SCOPE, page_size=2, page_token=token).memories) == 2
+    for position in (0, 1, 4, 10**6):
+        with pytest.raises(grpc.RpcError) as caught:
+            running.list(scope=SCOPE, page_size=2, page_token=forged(token, position))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
+    # A token of the first, unsigned format (version 1) names no signature:
+    # refused, with a message that says to start again.
+    bound_to = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))[2]
+    old = base64.urlsafe_b64encode(json.dumps([1, "list", bound_to, 2]).encode()).decode()
+    with pytest.raises(grpc.RpcError) as caught:
+        running.list(scope=SCOPE, page_size=2, page_token=old)
+    assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
+    assert "first page" in caught.value.details()
+    # Search tokens are signed too.
+    request = pb.SearchMemoriesRequest(scope=SCOPE, query="fact", page_size=1)
+    request.page_token = running.stub.SearchMemories(request, timeout=10).next_page_token
+    request.page_token = forged(request.page_token, 3)
+    with pytest.raises(grpc.RpcError) as caught:
+        running.stub.SearchMemories(request, timeout=10)
+    assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
+
+
+def test_a_token_from_one_replica_pages_on_another(make_sidecar: MakeSidecar) -> None:
+    # Two daemons on one database (a load balancer between them): each page
+    # may land on either.
+    first, second = make_sidecar(UNLIMITED), make_sidecar(UNLIMITED)
+    ids = fill(first, 5)
+    page = first.list(scope=SCOPE, page_size=2)
+    rest = second.list(scope=SCOPE, page_size=2, page_token=page.next_page_token)
+    last = first.list(scope=SCOPE, page_size=2, page_token=rest.next_page_token)
+    assert [m.id for p in (page, rest, last) for m in p.memories] == ids
+    # A daemon that starts again keeps honouring them (the key is the database's).
+    assert second.list(scope=SCOPE, page_token=page.next_page_token).memories

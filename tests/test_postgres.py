@@ -249,9 +249,13 @@ def test_a_password_in_the_dsn_is_redacted_in_the_log(postgres: pg.Cluster) -> N
 
 def test_an_unreachable_server_is_a_one_line_error(tmp_path: Path) -> None:
     dsn = f"postgresql://memory@/memory?host={tmp_path / 'nowhere'}"
-    result = run_sidecar("serve", "--db", dsn, "--listen", "127.0.0.1:0")
+    # Start-up waits for it (tests/test_startup.py), here for a second.
+    env = _env({"MEMORY_SIDECAR_STARTUP_TIMEOUT_SECONDS": "1"})
+    result = run_sidecar("serve", "--db", dsn, "--listen", "127.0.0.1:0", env=env)
     assert result.returncode != 0
-    assert "cannot reach the database" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("memory-sidecar: DATABASE_UNAVAILABLE: gave up after 1 s"), last
+    assert "cannot reach the database" in last
     assert "Traceback" not in result.stderr
 
 
