@@ -131,7 +131,7 @@ def test_a_deeply_nested_tokens_file_stops_the_start_with_one_line(tmp_path: Pat
     # The log lines before it are the store's opening; the error is one line.
     lines = [line for line in result.stderr.splitlines() if " INFO " not in line]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("memory-sidecar: config: server.auth_tokens_file:")
+    assert lines[0].startswith("memory-sidecar: INVALID_CONFIG: config: server.auth_tokens_file:")
     assert "nested deeper than" in lines[0]
 
 
