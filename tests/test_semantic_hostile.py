@@ -9,6 +9,7 @@ that switches dimension serves the real model's vectors, padded with zeros
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import tracemalloc
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sidecar import config, server
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.embedding import EncoderError, EndpointEncoder, LocalEncoder
 from tests.conftest import MakeSidecar, Running
@@ -151,8 +153,16 @@ def test_a_lower_dimension_cap_refuses_what_the_default_takes(encoder: LocalEnco
     endpoint = SwappedModel(encoder=encoder, dimension=512)
     with endpoint.serving():
         assert EndpointEncoder(endpoint.url, "m").encode(["x", "y"]).shape == (2, 512)
+        flags = {"db": ":memory:"}
+        settings = config.load(None, environ={}, flags=flags).server
+        capped = dataclasses.replace(
+            settings, semantic_encoder="endpoint", semantic_base_url=endpoint.url,
+            semantic_model="m", semantic_max_dimensions=500,
+        )  # fmt: skip
+        encoder_of_settings = server.encoder_for(capped)
+        assert encoder_of_settings is not None
         with pytest.raises(EncoderError, match="dimensions") as refused:
-            EndpointEncoder(endpoint.url, "m", max_dimensions=500).encode(["x", "y"])
+            encoder_of_settings.encode(["x", "y"])
     assert refused.value.reason == "bad_reply"
 
 
