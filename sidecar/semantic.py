@@ -217,8 +217,8 @@ class Semantic:
         if len(vectors) and vectors.shape[1] != self.dimension:
             if self.dimension is not None:
                 log.warning(
-                    "the encoder's vectors have %d dimensions, not %d: stored ones"
-                    " of %d are embedded again",
+                    "the encoder answers in %d dimensions, no longer %d: the vectors"
+                    " stored in %d are ignored until embedded again",
                     vectors.shape[1],
                     self.dimension,
                     self.dimension,
