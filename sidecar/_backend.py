@@ -401,26 +401,33 @@ class Backend(abc.ABC):
         )
 
     def unembedded(
-        self, model: str, after: int, limit: int, below: int | None
+        self, model: str, after: int, limit: int, below: int | None, size: int | None = None
     ) -> list[tuple[Any, ...]]:
         """(seq, content, digest) of up to `limit` entries past seq `after`
-        without a current vector of this model, by seq; with `below`, only
-        of partitions of fewer entries than that."""
+        without a current vector of this model (of `size` bytes, if given),
+        by seq; with `below`, only of partitions of fewer entries than that."""
         p = self.db.param
+        params: list[Any] = [model]
+        sized = ""
+        if size is not None:
+            # length() is a blob's and a bytea's size in bytes on both.
+            sized = f" AND length(v.vector) = {p}"
+            params.append(size)
+        params.append(after)
         smaller = ""
-        params: tuple[Any, ...] = (model, after, limit)
         if below is not None:
             smaller = (
                 f" AND EXISTS (SELECT 1 FROM {STATE_TABLE} s WHERE s.owner = m.owner"
                 f" AND s.tier = m.tier AND s.entry_count < {p})"
             )
-            params = (model, after, below, limit)
+            params.append(below)
+        params.append(limit)
         cursor = self.db.execute_sql(
             f"SELECT m.seq, m.content, m.content_sha256 FROM memories m"
             f" LEFT JOIN {VECTORS_TABLE} v ON v.seq = m.seq AND v.model = {p}"
-            " AND v.content_sha256 = m.content_sha256"
+            f" AND v.content_sha256 = m.content_sha256{sized}"
             f" WHERE v.seq IS NULL AND m.seq > {p}{smaller} ORDER BY m.seq LIMIT {p}",
-            params,
+            tuple(params),
         )
         return list(cursor.fetchall())
 

@@ -8,7 +8,10 @@ that (sidecar._backend), and restore() replays them: the index plus the log
 is the tier as of now. An index comes from the database, so it is checked
 like input: one of another format, made by another tokeniser (tokenizer())
 or inconsistent is refused, and the engine indexes the rows instead
-(from_rows). persist() saves one through the store.
+(from_rows). Before anything is read out of it, each member's declared size
+is checked against what the partition can hold (_members): a member that
+declares 400M integers in a few compressed bytes is refused, never
+allocated. persist() saves one through the store.
 
 It touches the database only through the Store it is handed, decides
 nothing about when to persist (the engine does) and never ranks.
@@ -20,7 +23,10 @@ import functools
 import hashlib
 import io
 import json
-from typing import Any
+import math
+import zipfile
+import zlib
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,22 +52,23 @@ FORMAT = 1
 def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> CompactPartition:
     """A partition from its persisted index, and the writes made since."""
     storage = Storage()
-    with np.load(io.BytesIO(source.data), allow_pickle=False) as saved:
-        _check(saved)
-        seq = saved["seq"]
-        size = len(seq)
-        storage.grow(size + 1)
-        storage.seq[:size] = seq
-        storage.confidence[:size] = saved["confidence"]
-        storage.recency[:size] = saved["recency"]
-        storage.category[:size] = saved["category"]
-        storage.removed_at[:size] = ALIVE
-        names = json.loads(saved["categories"].tobytes().decode())
-        storage.categories = {name: i for i, name in enumerate(names)}
-        storage.vocabulary = Vocabulary(saved["hashes"], saved["bounds"], saved["text"].tobytes())
-        storage.offsets = saved["offsets"]
-        storage.positions = saved["positions"]
-        storage.counts = saved["counts"]
+    saved = _members(source)
+    _check(saved)
+    seq = saved["seq"]
+    size = len(seq)
+    storage.grow(size + 1)
+    storage.seq[:size] = seq
+    storage.confidence[:size] = saved["confidence"]
+    storage.recency[:size] = saved["recency"]
+    storage.category[:size] = saved["category"]
+    storage.removed_at[:size] = ALIVE
+    names = json.loads(saved["categories"].tobytes().decode())
+    storage.categories = {name: i for i, name in enumerate(names)}
+    storage.vocabulary = Vocabulary(saved["hashes"], saved["bounds"], saved["text"].tobytes())
+    storage.offsets = saved["offsets"]
+    storage.positions = saved["positions"]
+    storage.counts = saved["counts"]
+    del saved
     storage.size = size
     storage.npostings = len(storage.positions)
     storage.indexed = source.indexed
@@ -191,13 +198,95 @@ _LAYOUT = {
 }
 
 
-def _check(saved: Any) -> None:
+# Members with one element per entry: the partition's rows bound them.
+_PER_ENTRY = ("seq", "confidence", "recency", "category")
+# What a member may hold besides its array: numpy's header (padded to 64
+# bytes; 10,000 is numpy's own limit on reading one).
+_HEADER_BYTES = 10_000
+_READ_BYTES = 1 << 20
+
+
+def _members(source: IndexSource) -> dict[str, npt.NDArray[Any]]:
+    """The persisted index's arrays, each read only once what it declares
+    is known to fit: the entries the partition can have held when it was
+    indexed (those it has now, and one per change logged since) for the
+    per-entry members, and for every member together the index's own
+    bytes (np.savez, which wrote it, stores members uncompressed). So a
+    member that declares more than the partition allows (a compressed
+    run of zeros that claims 400M integers) is refused before anything
+    is allocated or inflated; ValueError, like any damage."""
+    rows = source.usage.entry_count + source.logged
+    budget = len(source.data)
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(source.data))
+        with archive:
+            infos = archive.infolist()
+            names = sorted(info.filename.removesuffix(".npy") for info in infos)
+            if names != sorted(_LAYOUT) or any(not i.filename.endswith(".npy") for i in infos):
+                raise ValueError(f"unexpected members {names}")
+            declared = sum(info.file_size for info in infos)
+            if declared > budget:
+                raise ValueError(f"its members declare {declared} bytes in {budget}")
+            out = {}
+            for info in infos:
+                name = info.filename.removesuffix(".npy")
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    raise ValueError(f"{name} is compressed with method {info.compress_type}")
+                limit = rows if name in _PER_ENTRY else budget
+                with archive.open(info) as member:
+                    out[name] = _array(name, member, info.file_size, limit)
+            return out
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ValueError(f"not an index archive: {exc}") from None
+
+
+def _array(name: str, member: IO[bytes], size: int, limit: int) -> npt.NDArray[Any]:
+    """One member's array, read from a stream of `size` declared bytes,
+    refused unless it holds at most `limit` elements and exactly the bytes
+    its header declares (read a chunk at a time, never past `size`)."""
+    try:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(
+                member, max_header_size=_HEADER_BYTES
+            )
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(
+                member, max_header_size=_HEADER_BYTES
+            )
+        else:
+            raise ValueError(f"npy format {version}")
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise ValueError(f"{name} has no readable header: {exc}") from None
+    count = math.prod(shape)
+    header = member.tell()
+    if (
+        len(shape) != 1
+        or fortran
+        or dtype.hasobject
+        or count > limit
+        or header > _HEADER_BYTES
+        or header + count * dtype.itemsize != size
+    ):
+        raise ValueError(f"{name} declares {shape} of {dtype} in {size} bytes (at most {limit})")
+    array = np.empty(count, dtype=dtype)
+    view = array.view(np.uint8).data
+    done = 0
+    while done < len(view):
+        got = member.readinto(view[done : done + _READ_BYTES])  # type: ignore[attr-defined]
+        if not got:
+            raise ValueError(f"{name} is cut short")
+        done += got
+    return array
+
+
+def _check(saved: dict[str, npt.NDArray[Any]]) -> None:
     """Raise ValueError unless a persisted index is one this code wrote, for
     this tokeniser, and consistent: it comes from the database, so it is
     checked like input (a bad one is set aside and the rows indexed)."""
-    if set(saved.files) != set(_LAYOUT):
-        raise ValueError(f"unexpected members {sorted(saved.files)}")
-    a = {name: saved[name] for name in _LAYOUT}
+    if set(saved) != set(_LAYOUT):
+        raise ValueError(f"unexpected members {sorted(saved)}")
+    a = saved
     for name, dtype in _LAYOUT.items():
         if a[name].dtype != dtype or a[name].ndim != 1:
             raise ValueError(f"{name} is {a[name].dtype}[{a[name].ndim}]")

@@ -174,6 +174,9 @@ class ServerSettings:
     semantic_model: str = ""
     semantic_api_key_env: str = ""
     semantic_timeout_seconds: float = 2.0
+    # An endpoint's reply of vectors longer than this is refused as it
+    # arrives (the call ranks lexically): the largest models give 4096.
+    semantic_max_dimensions: int = 8192
     semantic_cache_bytes: int = 64 * 1024 * 1024
     # Put before every query, and before every entry, when embedded: the
     # instructions retrieval models such as e5 ("query: ", "passage: "), bge

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,14 @@ MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 
 # An embedding reply is JSON text: 64 texts x 1024 floats is ~1.5 MB.
 _MAX_REPLY_BYTES = 32 * 1024 * 1024
+# The most dimensions an endpoint's vector may have (server.semantic_max_dimensions):
+# the largest models give 4096; a reply of 2M passed the byte cap, took past
+# the deadline to parse and peaked at 450 MiB.
+MAX_DIMENSIONS = 8192
+# Commas a reply may hold besides one between numbers: between an item's
+# keys and between items, and the reply's other fields ("model", "usage").
+_COMMAS_PER_ITEM = 16
+_COMMAS_OUTSIDE = 256
 
 Vectors = npt.NDArray[np.float32]
 
@@ -385,8 +394,10 @@ class EndpointEncoder:
     """An OpenAI-compatible embeddings endpoint: POST {base_url}/embeddings.
 
     The whole call, connecting to the last byte of the reply, finishes within
-    timeout_seconds or raises EncoderError('timeout'). Rows come back in input
-    order (the reply's `index`), normalised to unit length.
+    timeout_seconds, its reply parsed, or raises EncoderError('timeout'). A
+    reply of vectors over `max_dimensions` is refused ('bad_reply') as it
+    arrives, before it is read whole. Rows come back in input order (the
+    reply's `index`), normalised to unit length.
 
         encoder = EndpointEncoder("http://localhost:8080/v1", "bge-small-en")
         encoder.encode(["hello"]).shape  # (1, 384)
@@ -396,6 +407,7 @@ class EndpointEncoder:
     model: str
     api_key: str = field(default="", repr=False)
     timeout_seconds: float = 2.0
+    max_dimensions: int = MAX_DIMENSIONS
 
     @property
     def name(self) -> str:
@@ -406,6 +418,13 @@ class EndpointEncoder:
             # No dimension is known without asking; (0, 0) stacks with nothing.
             return np.zeros((0, 0), dtype=np.float32)
         body = json.dumps({"model": self.model, "input": [str(t) for t in texts]}).encode()
+        started = time.monotonic()
+        # Numbers are counted by their separators as the reply arrives, so
+        # one of far too many dimensions is refused before it is read whole
+        # or parsed (parsing is what took the time and the memory).
+        commas = _CommaCount(
+            len(texts) * (self.max_dimensions + _COMMAS_PER_ITEM) + _COMMAS_OUTSIDE
+        )
         try:
             raw = post_json(
                 self.base_url,
@@ -414,13 +433,31 @@ class EndpointEncoder:
                 self.api_key,
                 timeout_seconds=self.timeout_seconds,
                 max_reply_bytes=_MAX_REPLY_BYTES,
+                inspect=commas,
             )
         except ModelError as exc:
             raise EncoderError(exc.reason, exc.detail) from None
-        return _parse_embeddings(raw, len(texts))
+        if time.monotonic() - started >= self.timeout_seconds:
+            # Read in time, but nothing is left to parse it in.
+            raise EncoderError("timeout", f"no parsed reply within {self.timeout_seconds:g} s")
+        return _parse_embeddings(raw, len(texts), self.max_dimensions)
 
 
-def _parse_embeddings(raw: bytes, count: int) -> Vectors:
+class _CommaCount:
+    """Counts the commas of a reply's chunks; refuses it past `limit` (a
+    reply of more dimensions than allowed has more)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self.seen += chunk.count(b",")
+        if self.seen > self.limit:
+            raise ModelError("bad_reply", f"over {self.limit} separators: too many dimensions")
+
+
+def _parse_embeddings(raw: bytes, count: int, max_dimensions: int = MAX_DIMENSIONS) -> Vectors:
     def bad(detail: str) -> EncoderError:
         return EncoderError("bad_reply", detail)
 
@@ -440,6 +477,8 @@ def _parse_embeddings(raw: bytes, count: int) -> Vectors:
         if type(index) is not int or not 0 <= index < count or rows[index] is not None:
             raise bad(f"bad or repeated index {index!r}")
         # JSON numbers only: numpy would also take "0.5" or true.
+        if isinstance(vector, list) and len(vector) > max_dimensions:
+            raise bad(f"embedding {index} has over {max_dimensions} dimensions")
         if (
             not isinstance(vector, list)
             or not vector

@@ -94,6 +94,19 @@ class IndexStore:
             if not state.indexed:
                 self._backend.start_logging(owner, tier.value, state.generation)
 
+    def discard(self, tier: Tier, owner: str, indexed: int) -> None:
+        """Drop the partition's index as of `indexed`, found unusable, and
+        log its changes from now on: an index of the rows read after this
+        replaces it, even if the tier is never written again (save() keeps
+        only a newer index, and the unusable one would otherwise stay
+        current, read and refused at every load). Nothing changes when
+        another process has saved another index meanwhile."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            state = self._backend.lock_partition(owner, tier.value)
+            if state.indexed == indexed:
+                self._backend.drop_index(owner, tier.value)
+                self._backend.start_logging(owner, tier.value, state.generation)
+
     def stop_logging(self, tier: Tier, owner: str) -> None:
         """Drop the partition's index and stop logging its changes (it is
         held in full: nothing would ever read or trim the log)."""

@@ -50,7 +50,8 @@ class Indexer:
 
     def load(self, tier: Tier, owner: str) -> CompactPartition:
         """A large partition: from its persisted index and the writes logged
-        since, or, without a usable one, from its rows."""
+        since, or, without a usable one, from its rows (an unusable one is
+        dropped, so that the index saved next replaces it)."""
         source = self._store.indexes.source(tier, owner)
         if source.data:
             try:
@@ -68,6 +69,11 @@ class Indexer:
                     source.usage.entry_count,
                 )
             log.warning("indexing %s/%s from its rows", owner, tier.value)
+            # Dropped, so the index of the rows replaces it (start_logging
+            # below then has nothing to do).
+            self._bookkeeping(
+                lambda t, o: self._store.indexes.discard(t, o, source.indexed), tier, owner
+            )
         # Changes are logged from before the rows are read: an index of what
         # is read can then be completed, however the tier is written meanwhile.
         self._bookkeeping(self._store.indexes.start_logging, tier, owner)

@@ -37,6 +37,8 @@ PROMPT = (
 
 # A keyword reply is a few hundred bytes; anything this big is not one.
 _MAX_REPLY_BYTES = 1024 * 1024
+# post_json reads a reply this many bytes at a time.
+_CHUNK_BYTES = 64 * 1024
 
 
 # After a model endpoint fails, calls skip it for a pause that doubles from
@@ -143,6 +145,7 @@ def post_json(
     *,
     timeout_seconds: float,
     max_reply_bytes: int,
+    inspect: Callable[[bytes], None] | None = None,
 ) -> bytes:
     """POST the JSON `body` to base_url + suffix (with `api_key` as a
     bearer token, if any) and return the reply body, read whole within
@@ -155,6 +158,10 @@ def post_json(
     deadline, a status other than 200, a reply over max_reply_bytes) is a
     ModelError with a bounded `reason`, so callers can fall back and count
     why. Shared by the keyword model and the embedding endpoint.
+
+    A 200 reply is read a chunk at a time, each handed to `inspect` (if
+    given) as it arrives: a ModelError it raises ends the call there, so a
+    reply the caller can tell is too big is not read whole.
     """
     timeout = f"no complete reply within {timeout_seconds:g} s"
     lock = threading.Lock()
@@ -196,9 +203,20 @@ def post_json(
             headers["Authorization"] = f"Bearer {api_key}"
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
-        with response:
-            data = response.read(max_reply_bytes + 1)
         status = response.status
+        with response:
+            chunks: list[bytes] = []
+            left = max_reply_bytes + 1
+            while left > 0:
+                chunk = response.read(min(_CHUNK_BYTES, left))
+                if not chunk:
+                    break
+                if inspect is not None and status == 200:
+                    inspect(chunk)
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+            del chunks
         if state["expired"]:
             raise TimeoutError
     except ModelError:

@@ -16,10 +16,12 @@ Nothing here can fail a call. A query the encoder cannot embed in time
 (an endpoint down or slow: its overall deadline) is ranked lexically; a
 write it cannot embed is stored without a vector, and the backfill embeds
 it later, as it does entries written before semantic retrieval was on or
-with another encoder. Each failure is counted by reason. After a failure,
-calls skip the encoder for a pause (1 s, doubling to 60 s: reason
-"paused") instead of each waiting out the deadline of an endpoint that
-hangs; the backfill, in the background, finds out when it answers again.
+with another encoder (or with another model behind the same name: vectors
+of another dimension than the encoder's now are ignored until replaced).
+Each failure is counted by reason. After a failure, calls skip the
+encoder for a pause (1 s, doubling to 60 s: reason "paused") instead of
+each waiting out the deadline of an endpoint that hangs; the backfill,
+in the background, finds out when it answers again.
 
 Vectors are kept in memory per partition (float32, the stored float16
 widened), within `server.semantic_cache_bytes`, for partitions held in
@@ -86,6 +88,11 @@ def from_stored(data: Sequence[bytes]) -> Floats:
         return np.zeros((0, 0), dtype=np.float32)
     joined = np.frombuffer(b"".join(data), dtype="<f2")
     return joined.reshape(len(data), -1).astype(np.float32)
+
+
+def stored_bytes(dimension: int) -> int:
+    """The stored size of a vector of that dimension (to_stored)."""
+    return 2 * dimension
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +179,19 @@ class Semantic:
         self._vectors: LRU[PartitionKey, VectorSet] = LRU(
             1 << 20, max_weight=cache_bytes, weigh=lambda v: v.nbytes, clock=clock
         )
+        # The dimension of the encoder's vectors, as of its last answer
+        # (None until then): stored vectors of another (the model behind
+        # one name swapped) are stale, ignored and embedded again.
+        self.dimension: int | None = None
         self._queries: dict[str, Floats] = {}
         self._queries_lock = threading.Lock()
         self._due = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.backfilled = 0
+        # When the backfill last stored vectors (a set held incomplete
+        # before then is read again).
+        self._filled_at = float("-inf")
         # After the encoder fails, writes and queries skip it for a while;
         # the backfill tries again when the pause ends.
         self._pause = Pause(clock)
@@ -200,6 +214,19 @@ class Semantic:
             log.warning("could not embed (%s): %s; lexical only for %.0f s", operation, exc, pause)
             return None
         self._metrics.semantic_seconds.labels(operation).observe(time.perf_counter() - started)
+        if len(vectors) and vectors.shape[1] != self.dimension:
+            if self.dimension is not None:
+                log.warning(
+                    "the encoder answers in %d dimensions, no longer %d: the vectors"
+                    " stored in %d are ignored until embedded again",
+                    vectors.shape[1],
+                    self.dimension,
+                    self.dimension,
+                )
+                with self._queries_lock:
+                    self._queries.clear()
+                self._due.set()
+            self.dimension = int(vectors.shape[1])
         if self._pause.succeeded():
             log.info("embedding again")
         return vectors
@@ -243,21 +270,35 @@ class Semantic:
             if not isinstance(partition, Partition):
                 parts.append(np.full(partition.size, np.nan, dtype=np.float64))
                 continue
-            vectors = self._held(partition)
+            vectors = self._held(partition, len(query))
             parts.append(vectors.cosines(query, partition.seq))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
 
-    def _held(self, partition: Partition) -> VectorSet:
+    def _held(self, partition: Partition, dimension: int) -> VectorSet:
+        """The partition's vectors of this dimension (the query's)."""
         key = (partition.tier, partition.owner)
         vectors = self._vectors.get(key)
         now = self._clock()
         if (
             vectors is not None
             and vectors.generation == partition.generation
-            and (vectors.complete or now - vectors.loaded_at < INCOMPLETE_RELOAD_SECONDS)
+            and (
+                vectors.complete
+                or (
+                    now - vectors.loaded_at < INCOMPLETE_RELOAD_SECONDS
+                    and vectors.loaded_at > self._filled_at
+                )
+            )
+            and (not len(vectors.seqs) or vectors.matrix.shape[1] == dimension)
         ):
             return vectors
         seqs, data = self._store.vectors.of(partition.tier, partition.owner, self.model)
+        size = stored_bytes(dimension)
+        if any(len(vector) != size for vector in data):
+            # Made by the model this name stood for before: left out (as
+            # an entry without a vector) until the backfill replaces them.
+            current = [k for k, vector in enumerate(data) if len(vector) == size]
+            seqs, data = [seqs[k] for k in current], [data[k] for k in current]
         matrix = from_stored(data)
         complete = len(seqs) >= partition.count
         if not complete:
@@ -309,12 +350,14 @@ class Semantic:
     # --- backfill -------------------------------------------------------------
 
     def backfill(self) -> int:
-        """Embed every entry without a current vector of this encoder; how
-        many were stored. Stops at the first encoder failure (tried again later)."""
+        """Embed every entry without a current vector of this encoder (of its
+        dimension, once it is known); how many were stored. Stops at the
+        first encoder failure (tried again later)."""
         stored, after = 0, 0
         while not self._stopping.is_set():
+            size = None if self.dimension is None else stored_bytes(self.dimension)
             rows = self._store.vectors.unembedded(
-                self.model, after, BACKFILL_BATCH, below=self._compact_from
+                self.model, after, BACKFILL_BATCH, below=self._compact_from, size=size
             )
             if not rows:
                 break
@@ -330,6 +373,8 @@ class Semantic:
             )
             stored += len(rows)
             after = rows[-1][0]
+            # Partitions held without these are read again when next used.
+            self._filled_at = self._clock()
         if stored:
             self.backfilled += stored
             log.info("embedded %d entries that had no vector", stored)

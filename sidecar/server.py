@@ -100,6 +100,7 @@ def encoder_for(server: ServerSettings) -> Encoder | None:
             server.semantic_model,
             server.semantic_api_key,
             server.semantic_timeout_seconds,
+            server.semantic_max_dimensions,
         )
     return None
 

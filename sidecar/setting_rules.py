@@ -87,6 +87,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
     ),
     "semantic_timeout_seconds": _between(0.05, 120),
+    "semantic_max_dimensions": _between(1, 65_536),
     "semantic_query_prefix": lambda v: None if len(v) <= 256 else "at most 256 characters",
     "semantic_document_prefix": lambda v: None if len(v) <= 256 else "at most 256 characters",
     "semantic_cache_bytes": _at_least(0),

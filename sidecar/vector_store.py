@@ -50,13 +50,20 @@ class VectorStore:
         return seqs, data
 
     def unembedded(
-        self, model: str, after: int, limit: int, *, below: int | None = None
+        self,
+        model: str,
+        after: int,
+        limit: int,
+        *,
+        below: int | None = None,
+        size: int | None = None,
     ) -> list[tuple[int, str, str]]:
         """(seq, content, digest) of up to `limit` entries after seq `after`
         that lack a vector of this model for their current content; with
-        `below`, only of tiers of fewer entries than that."""
+        `below`, only of tiers of fewer entries than that; with `size`, a
+        vector of another size in bytes counts as none."""
         with self._guard(), self._db.connection_context():
-            rows = self._backend.unembedded(model, after, limit, below)
+            rows = self._backend.unembedded(model, after, limit, below, size)
         return [(int(seq), str(content), str(digest)) for seq, content, digest in rows]
 
     def put(self, model: str, vectors: Sequence[tuple[int, str, bytes]]) -> None:

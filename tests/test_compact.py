@@ -193,7 +193,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
             twin.generation,
             [],
             [],
-            Usage(),
+            Usage(0, twin.full.count),  # (what bounds the index's members)
             twin.generation,
             0,
         ),
@@ -202,7 +202,7 @@ def test_compact_partitions_rank_exactly_as_full_ones(
             1,
             [_record(twin.rows[seq]) for seq in now_rows],
             sorted(touched - twin.rows.keys()),
-            Usage(),
+            Usage(0, twin.full.count),
             twin.generation,
             len(ops),
         ),

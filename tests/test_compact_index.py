@@ -44,6 +44,37 @@ def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, objec
     damage(arrays)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    source = IndexSource(buffer.getvalue(), 1, [], [], Usage(), 1, 0)
+    source = IndexSource(
+        buffer.getvalue(), 1, [], [], Usage.of(len(m.content) for m in memories), 1, 0
+    )
     with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
         compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)
+
+
+@pytest.mark.parametrize(("entries", "logged"), [(28, 0), (20, 8)])
+def test_an_index_of_more_entries_than_the_tier_had_is_refused(entries: int, logged: int) -> None:
+    """It holds 29 entries; the tier has `entries` now, and `logged` changes
+    since the index: it can have held at most their sum."""
+    memories = [
+        Memory(f"m{k}", Tier.MEMORY, f"note {k} on deploys", "", 1.0, START, START, seq=k)
+        for k in range(1, 30)
+    ]
+    twin = Twin(memories)
+    data = compact_index.to_bytes(twin.compact)
+    source = IndexSource(data, 1, [], [], Usage(0, entries), 1, logged)
+    with pytest.raises(ValueError, match=r"seq declares \(29,\) .* \(at most 28\)"):
+        compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)
+    enough = IndexSource(data, 1, [], [], Usage(0, entries + 1), 1, logged)
+    assert compact_index.restore(Tier.MEMORY, "a", enough, twin._fetch).count == 29
+
+
+def test_a_truncated_or_foreign_archive_is_refused() -> None:
+    memories = [
+        Memory(f"m{k}", Tier.MEMORY, f"note {k}", "", 1.0, START, START, seq=k) for k in range(1, 5)
+    ]
+    twin = Twin(memories)
+    data = compact_index.to_bytes(twin.compact)
+    for damaged in (data[: len(data) // 2], b"not a zip", data[:-30] + bytes(30)):
+        source = IndexSource(damaged, 1, [], [], Usage(0, 4), 1, 0)
+        with pytest.raises(ValueError, match=r"not an index archive|cut short|header"):
+            compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)

@@ -106,6 +106,7 @@ def test_config_is_immutable(tmp_path: Path) -> None:
         ("agents: {coder: [1, 2]}", "agents.coder", "a mapping"),
         ("server: {listen: 'nowhere'}", "server.listen", "HOST:PORT"),
         ("server: {durability: eventually}", "server.durability", "one of normal, full"),
+        ("server: {semantic_max_dimensions: 0}", "server.semantic_max_dimensions", "between 1"),
         ("server: {mcp_listen: 'unix:/run/m.sock'}", "server.mcp_listen", "serves HTTP"),
         ("server: {mcp_listen: 'localhost'}", "server.mcp_listen", "HOST:PORT"),
         ("server: {mcp_listen: '0.0.0.0:8000'}", "server.mcp_listen", "reachable from other"),

@@ -1,0 +1,137 @@
+"""A persisted compact index that is hostile or damaged (sidecar.compact_index,
+sidecar.indexer): refused without allocating what it declares, and replaced
+by the index of the rows, so the next start loads a valid one.
+
+Random damage of many kinds is in tests/test_compact_index.py; these load
+through a real daemon on both backends.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tracemalloc
+import zipfile
+
+import numpy as np
+import pytest
+
+from sidecar.compact import CompactPartition
+from sidecar.memory import Tier
+from tests.conftest import MakeSidecar, Running
+from tests.test_compact import NOTES, SCOPE, _hits, _observed, _state, _wait_indexed
+
+pytestmark = pytest.mark.contract
+
+CONFIG = "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: %d}"
+KEY = (Tier.MEMORY, "agent")
+# 100M int32 declared: 400 MB if allocated, a few hundred KB compressed.
+DECLARED = 100_000_000
+
+
+def _indexed(make_sidecar: MakeSidecar, name: str) -> tuple[Running, int]:
+    """A tier of NOTES held compactly, with its index persisted."""
+    first = make_sidecar(CONFIG % 10, name=name)
+    for note in NOTES:
+        first.add(note, scope=SCOPE)
+    _observed(first)
+    _wait_indexed(first)
+    indexed, logged = _state(first)
+    assert indexed > 0
+    assert logged == 0
+    return first, indexed
+
+
+def _replace_index(running: Running, data: bytes) -> None:
+    """Put `data` in place of the agent's persisted index, as damage would."""
+    db, p = running.store._db, running.store._db.param
+    with db.connection_context(), db.atomic():
+        db.execute_sql(
+            f"DELETE FROM tier_index WHERE owner = {p} AND tier = {p} AND part > 0",
+            ("agent", "memory"),
+        )
+        db.execute_sql(
+            f"UPDATE tier_index SET data = {p} WHERE owner = {p} AND tier = {p}",
+            (data, "agent", "memory"),
+        )
+
+
+def _bomb(index: bytes) -> bytes:
+    """The index with its positions member replaced by a compressed one
+    that declares DECLARED int32 zeros (written a chunk at a time)."""
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(index)) as original,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as bomb,
+    ):
+        for info in original.infolist():
+            if info.filename != "positions.npy":
+                bomb.writestr(info.filename, original.read(info))
+                continue
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                header, {"descr": "<i4", "fortran_order": False, "shape": (DECLARED,)}
+            )
+            with bomb.open("positions.npy", "w", force_zip64=True) as member:
+                member.write(header.getvalue())
+                zeros = bytes(1 << 22)
+                for _ in range(DECLARED * 4 // len(zeros)):
+                    member.write(zeros)
+    return out.getvalue()
+
+
+def test_an_index_declaring_more_than_the_tier_holds_is_refused_unallocated(
+    make_sidecar: MakeSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, _ = _indexed(make_sidecar, "bomb.db")
+    index = first.store.indexes.source(*KEY).data
+    bomb = _bomb(index)
+    assert len(bomb) < 4 * 1024 * 1024
+    _replace_index(first, bomb)
+    assert first.store.indexes.source(*KEY).data == bomb
+
+    fresh = make_sidecar(CONFIG % 10, name="bomb.db")
+    # The tier's first query loads it: refused before anything it declares
+    # is allocated (400 MB), the tier indexed from its rows instead.
+    caplog.set_level(logging.WARNING, logger="sidecar.indexer")
+    tracemalloc.start()
+    try:
+        hits = _hits(fresh, "helm friday", 7)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 * 1024
+    assert isinstance(fresh.sidecar.engine.partitions.cached(KEY), CompactPartition)
+    refused = [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()]
+    assert len(refused) == 1
+    assert "declare" in refused[0]
+    # ... and answers as a daemon holding the tier in full.
+    reference = make_sidecar(CONFIG % 0, name="bomb.db")
+    expected = _observed(reference)
+    assert [(h.memory.id, round(h.score, 12)) for h in hits] == expected[0][1]
+    assert _observed(fresh) == expected
+
+
+def test_an_unusable_index_is_replaced_though_the_tier_is_not_written(
+    make_sidecar: MakeSidecar,
+) -> None:
+    first, indexed = _indexed(make_sidecar, "damaged.db")
+    _replace_index(first, b"PK\x03\x04 not an index any more")
+
+    # A start finds it unusable and indexes the rows; nothing is written
+    # to the tier, yet the index of the rows replaces the damaged one.
+    second = make_sidecar(CONFIG % 10, name="damaged.db")
+    expected = _observed(second)
+    _wait_indexed(second)
+    replaced, logged = _state(second)
+    assert replaced == indexed  # as of the same generation: no write since
+    assert logged == 0
+    assert second.store.indexes.source(*KEY).data != b"PK\x03\x04 not an index any more"
+
+    # The next start loads it, without indexing the rows again.
+    third = make_sidecar(CONFIG % 10, name="damaged.db")
+    assert _observed(third) == expected
+    loaded = third.sidecar.engine.partitions.cached(KEY)
+    assert isinstance(loaded, CompactPartition)
+    assert loaded.storage.indexed == indexed
+    assert not third.sidecar.engine.indexing()
