@@ -147,10 +147,10 @@ class Partitions:
         if self.on_generation is not None:
             self.on_generation(key, generation)
 
-    def verify(self, keys: Iterable[PartitionKey]) -> None:
-        """Without a verified feed, learn the partitions' generations (and
-        erasures) from the database."""
-        if self.feed is None or self.feed.verified:
+    def verify(self, keys: Iterable[PartitionKey], *, force: bool = False) -> None:
+        """Without a verified feed (or `force`d), learn the partitions'
+        generations (and erasures) from the database."""
+        if self.feed is None or (self.feed.verified and not force):
             return
         for key, (generation, erased) in self._store.freshness(keys).items():
             self.generations.track(key)

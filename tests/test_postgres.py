@@ -155,7 +155,11 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
             return None
 
     feed = NotifyListener(
-        Quiet, lambda *news: heard.append(news), heartbeat=1.0, clock=lambda: now[0]
+        Quiet,
+        lambda *news: heard.append(news),
+        heartbeat=1.0,
+        publish=lambda payload: None,
+        clock=lambda: now[0],
     )
     feed.run_once()  # connects, LISTENs, re-reads every state row
     assert feed.verified
