@@ -175,22 +175,39 @@ class ChangeFeed(abc.ABC):
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # Cleared before the cycle: a fence set during it runs another.
+            self._wake.clear()
             self.run_once()
             if self.polls or not self.verified:
                 # The poll interval, or a back-off before reconnecting; a stop
                 # or a fence wakes the thread at once.
                 self._wake.wait(self.interval)
-                self._wake.clear()
 
     # --- how far this replica has caught up -------------------------------------
 
     def delivered(self, generation: int) -> bool:
-        """Whether the write of `generation` is known delivered, without asking
-        the database (a fence proves it for any committed write)."""
+        """Whether the write of `generation` is known delivered (or was this
+        process's own), without asking the database (a fence proves it for
+        any committed write)."""
         with self._caught_up:
-            if self.ordered:
-                return self.applied >= generation
+            if self.ordered and self.applied >= generation:
+                return True
             return generation in self._recent_set
+
+    def wrote(self, generation: int) -> None:
+        """This process committed `generation` and applied it to its caches
+        (a read here with it as min_generation need not wait). Not `applied`:
+        other processes' earlier writes may not be delivered yet."""
+        with self._caught_up:
+            self._remember(generation)
+
+    def _remember(self, generation: int) -> None:
+        # Under _caught_up.
+        if generation not in self._recent_set:
+            if len(self._recent) == self._recent.maxlen:
+                self._recent_set.discard(self._recent[0])
+            self._recent.append(generation)
+            self._recent_set.add(generation)
 
     def fence(self) -> int:
         """Ask the feed to prove it has delivered every write committed before
@@ -261,11 +278,8 @@ class ChangeFeed(abc.ABC):
         self._on_change(owner, tier, generation, erased)
         # After the callback: a read woken by it finds the caches informed.
         with self._caught_up:
-            if not self.ordered and generation not in self._recent_set:
-                if len(self._recent) == self._recent.maxlen:
-                    self._recent_set.discard(self._recent[0])
-                self._recent.append(generation)
-                self._recent_set.add(generation)
+            if not self.ordered:
+                self._remember(generation)
             if generation > self.applied:
                 self.applied = generation
                 self._caught_up.notify_all()
