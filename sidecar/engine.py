@@ -475,13 +475,15 @@ class MemoryEngine:
         invalidated = self._sessions.invalidate(session_key(scope, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
-        return self.replication.publish(COMPACTION, scope, session_id) or invalidated
+        self.replication.publish(COMPACTION, scope, session_id)
+        return invalidated
 
     def end_session(self, scope: Scope, session_id: str) -> bool:
         dropped = self._sessions.drop(session_key(scope, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
-        return self.replication.publish(END, scope, session_id) or dropped
+        self.replication.publish(END, scope, session_id)
+        return dropped
 
     # --- housekeeping -------------------------------------------------------
 

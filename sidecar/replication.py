@@ -19,7 +19,8 @@ generation as `min_generation` first makes sure this replica has applied it:
 
 Session events. NotifyCompaction and EndSession act on this replica's session
 and publish the event to the others (their feeds call `heard`). The answer's
-boolean is "held here, or published to the other replicas". A replica whose
+boolean still says whether this replica held the session; `publishes` (the
+answer's `broadcast`) whether the others were told. A replica whose
 feed may have missed events (a PostgreSQL listener that reconnected, an
 SQLite poller that fell past the events' retention) lets every session take
 the current view at its next turn; while its feed is unverified, a frozen
