@@ -471,19 +471,19 @@ class MemoryEngine:
             snapshot=view,
         )
 
-    def notify_compaction(self, scope: Scope, session_id: str) -> bool:
+    def notify_compaction(self, scope: Scope, session_id: str) -> tuple[bool, bool]:
+        """(whether this replica held the session, whether the others were told)."""
         invalidated = self._sessions.invalidate(session_key(scope, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
-        self.replication.publish(COMPACTION, scope, session_id)
-        return invalidated
+        return invalidated, self.replication.publish(COMPACTION, scope, session_id)
 
-    def end_session(self, scope: Scope, session_id: str) -> bool:
+    def end_session(self, scope: Scope, session_id: str) -> tuple[bool, bool]:
+        """As notify_compaction."""
         dropped = self._sessions.drop(session_key(scope, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
-        self.replication.publish(END, scope, session_id)
-        return dropped
+        return dropped, self.replication.publish(END, scope, session_id)
 
     # --- housekeeping -------------------------------------------------------
 

@@ -19,8 +19,8 @@ generation as `min_generation` first makes sure this replica has applied it:
 
 Session events. NotifyCompaction and EndSession act on this replica's session
 and publish the event to the others (their feeds call `heard`). The answer's
-boolean still says whether this replica held the session; `publishes` (the
-answer's `broadcast`) whether the others were told. A replica whose
+boolean still says whether this replica held the session; `broadcast` whether
+the others were told (false: no feed, or the database refused). A replica whose
 feed may have missed events (a PostgreSQL listener that reconnected, an
 SQLite poller that fell past the events' retention) lets every session take
 the current view at its next turn; while its feed is unverified, a frozen
@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from sidecar.errors import Unavailable
+from sidecar.errors import SidecarError, Unavailable
 from sidecar.memory import Scope
 from sidecar.metrics import Metrics
 from sidecar.partitions import PartitionKey, Partitions
@@ -74,11 +74,6 @@ class Replication:
         if self.feed is not None:
             self.feed.on_session = self.heard
             self.feed.on_resync = self.resync
-
-    @property
-    def publishes(self) -> bool:
-        """Whether session events go to other replicas."""
-        return self.feed is not None
 
     # --- read-your-writes -----------------------------------------------------
 
@@ -124,10 +119,16 @@ class Replication:
     # --- session events -------------------------------------------------------
 
     def publish(self, kind: str, scope: Scope, session_id: str) -> bool:
-        """Tell the other replicas; whether there are any to tell."""
+        """Tell the other replicas; whether they were told. A database that
+        refuses (full, busy, unreachable) costs the event, not the call: this
+        replica has acted, and the answer's `broadcast` says the rest."""
         if self.feed is None:
             return False
-        self.feed.publish(kind, scope.agent_id, scope.user_id, session_id)
+        try:
+            self.feed.publish(kind, scope.agent_id, scope.user_id, session_id)
+        except SidecarError as exc:
+            log.warning("could not tell the other replicas of a session's %s: %s", kind, exc)
+            return False
         return True
 
     def heard(self, kind: str, agent_id: str, user_id: str, session_id: str) -> None:

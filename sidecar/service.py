@@ -434,16 +434,14 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> pb.NotifyCompactionResponse:
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        invalidated = self._engine.notify_compaction(scope, session_id)
-        return pb.NotifyCompactionResponse(
-            invalidated=invalidated, broadcast=self._engine.replication.publishes
-        )
+        invalidated, broadcast = self._engine.notify_compaction(scope, session_id)
+        return pb.NotifyCompactionResponse(invalidated=invalidated, broadcast=broadcast)
 
     def EndSession(self, request: pb.EndSessionRequest, context: Any) -> pb.EndSessionResponse:
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        dropped = self._engine.end_session(scope, session_id)
-        return pb.EndSessionResponse(dropped=dropped, broadcast=self._engine.replication.publishes)
+        dropped, broadcast = self._engine.end_session(scope, session_id)
+        return pb.EndSessionResponse(dropped=dropped, broadcast=broadcast)
 
     def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
         scope = self._scope(request.scope)
