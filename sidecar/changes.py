@@ -253,14 +253,19 @@ class ChangeFeed(abc.ABC):
     def _session_event(self, payload: str) -> None:
         """Deliver a session event (see session_payload) or, on PostgreSQL, a
         fence of this feed's (["fence", origin, ticket])."""
-        what, origin, *rest = json.loads(payload)
-        if origin == self.origin:
-            if what == "fence":
-                self._proved(int(rest[0]))
-            return
-        if what == "session" and self.on_session is not None:
-            kind, agent_id, user_id, session = rest
-            self.on_session(str(kind), str(agent_id), str(user_id), str(session))
+        try:
+            what, origin, *rest = json.loads(payload)
+            if origin == self.origin:
+                if what == "fence":
+                    self._proved(int(rest[0]))
+                return
+            if what == "session" and self.on_session is not None:
+                kind, agent_id, user_id, session = rest
+                self.on_session(str(kind), str(agent_id), str(user_id), str(session))
+        except (ValueError, TypeError) as exc:
+            # Anyone who can reach the database can send one: a bad payload
+            # must not take the feed down with it.
+            log.warning("ignored a malformed session event (%s): %.200r", exc, payload)
 
     def _resync(self) -> None:
         if self.on_resync is not None:

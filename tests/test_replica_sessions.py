@@ -136,6 +136,26 @@ def test_an_end_of_session_sent_to_one_replica_drops_the_session_held_on_another
     assert not b.turn("s", scope=SCOPE).cache_hit
 
 
+def test_a_malformed_session_event_is_ignored_and_the_feed_goes_on(
+    make_sidecar: MakeSidecar,
+) -> None:
+    a, b = make_sidecar(), make_sidecar()
+    feed = a.sidecar.engine.feed
+    assert feed is not None
+    # Sent the way a session event is (SQLite: a row; PostgreSQL: a NOTIFY).
+    for payload in ("not json", '["session"]', '["session", "x", "end", 1]', "{}"):
+        feed._send(payload)
+    a.add("The repo uses uv", scope=SCOPE)
+    eventually(lambda: found(b, "uses uv"), "B still hears A's writes")
+    # A second write, delivered by a later cycle than the one that read the
+    # bad events: by then a feed that choked on them has counted a failure.
+    a.add("Deploys go through ArgoCD", scope=SCOPE)
+    eventually(lambda: found(b, "ArgoCD"), "B still hears A's writes")
+    b_feed = b.sidecar.engine.feed
+    assert b_feed is not None
+    assert b_feed.failures == 0
+
+
 # --- read-your-writes ------------------------------------------------------------
 
 
