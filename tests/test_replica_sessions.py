@@ -136,6 +136,26 @@ def test_an_end_of_session_sent_to_one_replica_drops_the_session_held_on_another
     assert not b.turn("s", scope=SCOPE).cache_hit
 
 
+def test_a_replica_whose_feed_is_down_serves_a_frozen_block_only_while_current(
+    make_sidecar: MakeSidecar, gates: Callable[[Running], Gate]
+) -> None:
+    """A compaction sent to another replica may go unheard while the feed is
+    down: the frozen block is then trusted no more than the caches are."""
+    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    a.add("The repo uses uv", scope=SCOPE)
+    eventually(lambda: found(b, "uses uv"), "B has A's write")
+    assert not b.turn("s", scope=SCOPE).cache_hit
+    assert b.turn("s", scope=SCOPE).cache_hit
+
+    gates(b)  # B's feed stalls: unverified after a few missed cycles
+    a.add("Deploys go through ArgoCD", scope=SCOPE)
+    a.stub.NotifyCompaction(pb.NotifyCompactionRequest(session_id="s", scope=SCOPE))
+    feed = b.sidecar.engine.feed
+    assert feed is not None
+    eventually(lambda: not feed.verified, "B's feed turns unverified")
+    assert "ArgoCD" in b.turn("s", scope=SCOPE).system_block
+
+
 def test_a_malformed_session_event_is_ignored_and_the_feed_goes_on(
     make_sidecar: MakeSidecar,
 ) -> None:
