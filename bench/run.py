@@ -9,8 +9,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 
 This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
-bench/exports.py for 21, bench/watch_delay.py for 22), measuring with bench/measure.py;
-bench/report.py writes the report.
+bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23),
+measuring with bench/measure.py; bench/report.py writes the report.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from bench.near_duplicates import bench_near_duplicates
 from bench.postgres_turn import bench_postgres_turn
 from bench.postgres_writes import bench_postgres_writes
 from bench.prefix_cache import bench_prefix_cache
+from bench.read_your_writes import bench_read_your_writes
 from bench.rebuild import bench_rebuild
 from bench.replicas import bench_propagation
 from bench.report import ROOT, write
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 23))
+        only = set(args.only or range(1, 24))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     if 22 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
             bench_watch_delay(report, Path(tmp), pg, 50 if quick else 500)
+    if 23 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
+            bench_read_your_writes(report, Path(tmp), pg, Corpus(), 50 if quick else 500)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

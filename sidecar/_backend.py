@@ -63,6 +63,11 @@ AUDIT_TABLE = "audit_log"
 KEYS_TABLE = "server_keys"
 PAGE_TOKEN_KEY = "page_tokens"
 KEY_BYTES = 32
+# Session events (a compaction or an end of session sent to one replica) for
+# the other processes' SQLite pollers, kept SESSION_EVENTS_KEPT_SECONDS
+# (schema 9; PostgreSQL notifies instead and leaves the table empty).
+SESSION_EVENTS_TABLE = "session_events"
+SESSION_EVENTS_KEPT_SECONDS = 3600
 # The duplicate check asks for a partition's first entry with a digest
 # (ORDER BY seq LIMIT 1). With seq in the index no planner walks the whole
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
@@ -274,6 +279,20 @@ class Backend(abc.ABC):
             f" VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
             (generation, owner, tier, kind, memory_id, at),
         )
+
+    def publish_session_event(self, payload: str, at: int) -> None:
+        """Add a session event for other processes' pollers (SQLite's feed),
+        dropping those older than SESSION_EVENTS_KEPT_SECONDS: a poller that
+        was away longer resyncs instead (sidecar._sqlite.DataVersionPoller)."""
+        p = self.db.param
+        with self.guard(), self.db.connection_context(), self.write_transaction():
+            self.db.execute_sql(
+                f"DELETE FROM {SESSION_EVENTS_TABLE} WHERE at < {p}",
+                (at - SESSION_EVENTS_KEPT_SECONDS * 1_000_000,),
+            )
+            self.db.execute_sql(
+                f"INSERT INTO {SESSION_EVENTS_TABLE} (payload, at) VALUES ({p}, {p})", (payload, at)
+            )
 
     # --- the persisted compact index (sidecar.compact) ----------------------
 

@@ -13,10 +13,11 @@ Many replicas share one database. What keeps them correct:
   starting together migrate once.
 
 Owns: PostgreSQL's pool and connection parameters, DSN redaction, the schema
-steps (4 at once, then 5 to 8), the migration lock, the NOTIFY channel, the
-generation sequence and the listener. Must not touch: SQLite, caches, the engine,
-gRPC; the password is an argument (sidecar.config reads it). Only sidecar.store
-imports this module, inside a function.
+steps (4 at once, then 5 to 9), the migration lock, the NOTIFY channels (writes;
+session events and fences), the generation sequence and the listener. Must not
+touch: SQLite, caches, the engine, gRPC; the password is an argument
+(sidecar.config reads it). Only sidecar.store imports this module, inside a
+function.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from sidecar._backend import (
     KEYS_TABLE,
     PAGE_TOKEN_KEY,
     SCHEMA_TABLE,
+    SESSION_EVENTS_TABLE,
     STATE_TABLE,
     VECTORS_TABLE,
     Backend,
@@ -65,6 +67,10 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 log = logging.getLogger(__name__)
 
 CHANNEL = "memory_sidecar_changes"
+# Session events and fences (sidecar.changes), on the same connection: one
+# queue, delivered in commit order across channels. A channel of their own
+# keeps them from releases that read every CHANNEL payload as a write.
+EVENTS_CHANNEL = "memory_sidecar_events"
 SEQUENCE = "memory_generation"
 # pg_advisory_xact_lock key for migrations: any constant, the same in every
 # replica ("memsidecar" as bytes, truncated to a bigint).
@@ -250,6 +256,17 @@ def _v8_keys(db: Any) -> None:
     )
 
 
+def _v9_session_events(db: Any) -> None:
+    """Schema 9: SQLite's session events table, for one schema on both
+    backends; PostgreSQL replicas NOTIFY EVENTS_CHANNEL instead."""
+    db.execute_sql(
+        f"CREATE TABLE {SESSION_EVENTS_TABLE} ("
+        " id BIGSERIAL PRIMARY KEY,"
+        " payload TEXT NOT NULL,"
+        " at BIGINT NOT NULL)"
+    )
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
@@ -258,6 +275,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (6, "entries' embeddings", _v6_vectors),
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
     (8, "the key page tokens are signed with", _v8_keys),
+    (9, "session events", _v9_session_events),
 ]
 
 # SQLSTATEs a client can act on by retrying.
@@ -472,8 +490,17 @@ class PostgresBackend(Backend):
     def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
         heartbeat = settings.heartbeat_seconds
         return NotifyListener(
-            lambda: self._listener_connection(heartbeat), on_change, heartbeat=heartbeat
+            lambda: self._listener_connection(heartbeat),
+            on_change,
+            heartbeat=heartbeat,
+            publish=self._notify,
         )
+
+    def _notify(self, payload: str) -> None:
+        # Autocommit: delivered to every listener (this one's too) after
+        # every notification committed before it.
+        with self.guard(), self.db.connection_context():
+            self.db.execute_sql("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, payload))
 
     def _listener_connection(self, heartbeat: float) -> Any:
         return psycopg.connect(
@@ -498,6 +525,8 @@ class NotifyListener(ChangeFeed):
     """
 
     polls = False
+    # Generations are drawn before commit: one drawn later may commit first.
+    ordered = False
 
     def __init__(
         self,
@@ -505,9 +534,12 @@ class NotifyListener(ChangeFeed):
         on_change: OnChange,
         *,
         heartbeat: float,
+        publish: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat, clock=clock)
+        super().__init__(
+            on_change, interval=heartbeat, stale_after=3 * heartbeat, publish=publish, clock=clock
+        )
         self._connect = connect
         self._connection: Any = None
         self._beat = 0.0
@@ -515,21 +547,33 @@ class NotifyListener(ChangeFeed):
     def _open(self) -> bool:
         if self._connection is not None:
             return False
+        # The re-read below proves every fence issued before it.
+        with self._caught_up:
+            issued = self._issued
         connection = self._connect()
         self._connection = connection
         connection.execute(f"LISTEN {CHANNEL}")
+        connection.execute(f"LISTEN {EVENTS_CHANNEL}")
         self.connects += 1
+        if self.connects > 1:
+            # Session events sent while it was away are lost with the
+            # connection: every session rebuilds once.
+            self._resync()
         with connection.cursor() as cursor:
             for owner, tier, generation, erased in cursor.stream(
                 f"SELECT owner, tier, generation, erased FROM {STATE_TABLE}"
             ):
                 self._deliver(owner, tier, int(generation), int(erased))
+        self._proved(issued)
         self._beat = self._clock()
         return True
 
     def _cycle(self) -> bool:
         # Short waits, so that a stop never waits a whole heartbeat.
         for note in self._connection.notifies(timeout=min(self.interval, _SLICE)):
+            if note.channel == EVENTS_CHANNEL:
+                self._session_event(note.payload)
+                continue
             # [owner, tier, generation], and the erased generation after an
             # erasure (see _erase_sql).
             owner, tier, generation, *erased = json.loads(note.payload)
@@ -540,6 +584,9 @@ class NotifyListener(ChangeFeed):
         self._connection.execute("SELECT 1")
         self._beat = self._clock()
         return True
+
+    def _request_fence(self, ticket: int) -> None:
+        self._send(json.dumps(["fence", self.origin, ticket]))
 
     def _close(self) -> None:
         connection, self._connection = self._connection, None

@@ -4,8 +4,9 @@ online backups, the change poller, and which driver errors mean what.
 The sibling for PostgreSQL is sidecar._postgres; both implement
 sidecar._backend.Backend.
 
-Owns: SQLite's pool and pragmas, BEGIN IMMEDIATE, migrations 1-6 (the last is the
-store's SCHEMA_VERSION), online backup, the data_version poller, and
+Owns: SQLite's pool and pragmas, BEGIN IMMEDIATE, migrations 1-8 (the last is the
+store's SCHEMA_VERSION), online backup, the data_version poller (and the
+session events it reads and prunes), and
 content_digest (which the store uses for both backends). Must not touch:
 PostgreSQL, caches, the engine, gRPC, os.environ. Migration 2 reads the wall
 clock itself (system_clock), not an injected one.
@@ -36,6 +37,7 @@ from sidecar._backend import (
     KEYS_TABLE,
     PAGE_TOKEN_KEY,
     SCHEMA_TABLE,
+    SESSION_EVENTS_TABLE,
     STATE_TABLE,
     VECTORS_TABLE,
     Backend,
@@ -321,6 +323,16 @@ def _v8_keys(db: PooledSqliteDatabase) -> None:
     )
 
 
+def _v9_session_events(db: PooledSqliteDatabase) -> None:
+    """Schema 9: session events, which other processes' pollers read."""
+    db.execute_sql(
+        f"CREATE TABLE {SESSION_EVENTS_TABLE} ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " payload TEXT NOT NULL,"
+        " at INTEGER NOT NULL)"
+    )
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -335,6 +347,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (6, "entries' embeddings", _v6_vectors),
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
     (8, "the key page tokens are signed with", _v8_keys),
+    (9, "session events", _v9_session_events),
 ]
 
 
@@ -499,6 +512,7 @@ class SqliteBackend(Backend):
             on_change,
             interval=settings.poll_seconds,
             busy_timeout_ms=self._busy_timeout_ms,
+            publish=lambda payload: self.publish_session_event(payload, to_micros(system_clock())),
         )
 
 
@@ -508,20 +522,30 @@ class DataVersionPoller(ChangeFeed):
     data_version changes whenever another connection (of this process or
     any other) commits, and costs no I/O when nothing did. Generations grow
     in commit order (writes hold the one write lock), so "rows whose
-    generation passed the watermark" is exactly what changed since.
+    generation passed the watermark" is exactly what changed since. Session
+    events are rows of their own table, read past their own watermark.
     """
 
     def __init__(
-        self, path: str, on_change: OnChange, *, interval: float, busy_timeout_ms: int
+        self,
+        path: str,
+        on_change: OnChange,
+        *,
+        interval: float,
+        busy_timeout_ms: int,
+        publish: Callable[[str], None],
     ) -> None:
         # Unverified after a few missed polls, however short the interval:
         # a busy machine may delay a cycle, and each costs a query per call.
-        super().__init__(on_change, interval=interval, stale_after=max(1.0, 10 * interval))
+        super().__init__(
+            on_change, interval=interval, stale_after=max(1.0, 10 * interval), publish=publish
+        )
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
         self._connection: sqlite3.Connection | None = None
         self._version: int | None = None
         self._watermark: int | None = None
+        self._events: int | None = None
 
     def _open(self) -> bool:
         if self._connection is not None:
@@ -538,6 +562,8 @@ class DataVersionPoller(ChangeFeed):
             self._version = version
             for owner, tier, generation, erased in self._changed():
                 self._deliver(owner, tier, generation, erased)
+            for payload in self._session_events():
+                self._session_event(payload)
         return True
 
     def _changed(self) -> Iterator[tuple[str, str, int, int]]:
@@ -546,6 +572,7 @@ class DataVersionPoller(ChangeFeed):
             # First contact: nothing is cached yet, only the watermark matters.
             row = self._connection.execute(f"SELECT MAX(generation) FROM {STATE_TABLE}").fetchone()
             self._watermark = int(row[0] or 0)
+            self._applied_through(self._watermark)
             return
         rows = self._connection.execute(
             f"SELECT owner, tier, generation, erased FROM {STATE_TABLE} WHERE generation > ?"
@@ -555,6 +582,23 @@ class DataVersionPoller(ChangeFeed):
         for owner, tier, generation, erased in rows:
             self._watermark = max(self._watermark, int(generation))
             yield owner, tier, int(generation), int(erased)
+
+    def _session_events(self) -> Iterator[str]:
+        assert self._connection is not None
+        if self._events is None:
+            row = self._connection.execute(f"SELECT MAX(id) FROM {SESSION_EVENTS_TABLE}").fetchone()
+            self._events = int(row[0] or 0)
+            return
+        rows = self._connection.execute(
+            f"SELECT id, payload FROM {SESSION_EVENTS_TABLE} WHERE id > ? ORDER BY id",
+            (self._events,),
+        ).fetchall()
+        if rows and rows[0][0] > self._events + 1:
+            # Events never read were pruned (or an insert rolled back).
+            self._resync()
+        for event_id, payload in rows:
+            self._events = int(event_id)
+            yield str(payload)
 
     def _close(self) -> None:
         if self._connection is not None:

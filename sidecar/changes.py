@@ -17,8 +17,16 @@ not (a dead listener, a poller that keeps failing), the engine reads the
 generations of the partitions a call uses from the database before trusting
 its caches: slower, never stale.
 
+A feed also carries session events (a compaction or an end of session sent
+to some replica: `publish`, `on_session`), and knows how far it has
+`applied` the database's generations. `fence()` asks it to prove it has
+delivered every write committed before the call: SQLite polls at once;
+PostgreSQL sends a notification of its own, which arrives after every
+notification committed before it (sidecar.replication waits on it).
+
 Owns: the ChangeFeed base: its thread, steppable cycle, verified/stale verdict,
-counters, and the OnChange type. Must not touch: SQL or a driver (the subclasses
+counters, the applied generation and fences, session events' delivery, and
+the OnChange and OnSession types. Must not touch: SQL or a driver (the subclasses
 in sidecar._sqlite and sidecar._postgres do), the caches it informs (it only
 calls the callback it is given), gRPC.
 """
@@ -26,9 +34,12 @@ calls the callback it is given), gRPC.
 from __future__ import annotations
 
 import abc
+import collections
+import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -40,7 +51,18 @@ log = logging.getLogger(__name__)
 # erased is the generation of its last erasure (0 for none), so every
 # replica drops what showed erased content (sidecar.erasure).
 OnChange = Callable[[str, str, int, int], None]
+# (kind, agent_id, user_id, session_id) of a session event another replica
+# published: kind is "compaction" or "end".
+OnSession = Callable[[str, str, str, str], None]
 _NEVER = float("-inf")
+# Generations delivered, remembered where they arrive out of order (see
+# `ordered`): a bound, not a correctness limit (a forgotten one costs a fence).
+RECENT_GENERATIONS = 4096
+
+
+def session_payload(origin: str, kind: str, agent_id: str, user_id: str, session: str) -> str:
+    """A session event as published (sidecar._sqlite, sidecar._postgres)."""
+    return json.dumps(["session", origin, kind, agent_id, user_id, session])
 
 
 class ChangeFeed(abc.ABC):
@@ -58,27 +80,55 @@ class ChangeFeed(abc.ABC):
         *,
         interval: float,
         stale_after: float,
+        publish: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_change = on_change
+        # Sends a payload to every feed of the database (the backend's).
+        self._send = publish
         self.interval = interval
         self._stale_after = stale_after
         self._clock = clock
         self._last_ok = _NEVER
         self._stop = threading.Event()
+        # Set by a fence: the poll that sleeps between cycles runs at once.
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         # Seen by metrics and tests.
         self.failures = 0
         self.connects = 0
+        # This feed's name in what it publishes: its own events come back
+        # to it (PostgreSQL) and are skipped.
+        self.origin = uuid.uuid4().hex[:16]
+        self.on_session: OnSession | None = None
+        # Told when news may have been lost (a reconnect of a feed whose
+        # session events are not kept): every session rebuilds.
+        self.on_resync: Callable[[], None] | None = None
+        # The newest generation delivered; fences issued and proved. All
+        # three only grow, under _caught_up.
+        self.applied = 0
+        self._issued = 0
+        self._fenced = 0
+        self._caught_up = threading.Condition()
+        self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_GENERATIONS)
+        self._recent_set: set[int] = set()
 
     # True: a cycle returns at once and the thread sleeps between cycles.
     # False: a cycle itself blocks until news or the interval has passed.
     polls: ClassVar[bool] = True
+    # True: generations are delivered in the order they were drawn (SQLite's
+    # one writer), so `applied` >= g means g was delivered. False
+    # (PostgreSQL: a sequence drawn before commit): only a fence proves it.
+    ordered: ClassVar[bool] = True
 
     @property
     def verified(self) -> bool:
         """Whether every write committed more than a moment ago has been delivered."""
         return self._clock() - self._last_ok < self._stale_after
+
+    def verified_for(self) -> float:
+        """Seconds until the feed turns unverified unless a cycle succeeds."""
+        return self._last_ok + self._stale_after - self._clock()
 
     def start(self) -> None:
         """Connect in the caller's thread (so start-up fails loudly), then run."""
@@ -95,6 +145,7 @@ class ChangeFeed(abc.ABC):
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 5)
         self._close()
@@ -104,6 +155,10 @@ class ChangeFeed(abc.ABC):
         # began, not before it ended: `verified` then means every write older
         # than stale_after was delivered (sidecar.forgetting relies on it).
         started = self._clock()
+        # Fences issued before this cycle began are proved by it (a poller:
+        # it reads everything committed before it began).
+        with self._caught_up:
+            issued = self._issued
         try:
             opened = self._open()
             alive = self._cycle() or opened
@@ -115,14 +170,106 @@ class ChangeFeed(abc.ABC):
             return
         if alive:
             self._last_ok = started
+        if self.polls:
+            self._proved(issued)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # Cleared before the cycle: a fence set during it runs another.
+            self._wake.clear()
             self.run_once()
             if self.polls or not self.verified:
                 # The poll interval, or a back-off before reconnecting; a stop
-                # wakes the thread at once.
-                self._stop.wait(self.interval)
+                # or a fence wakes the thread at once.
+                self._wake.wait(self.interval)
+
+    # --- how far this replica has caught up -------------------------------------
+
+    def delivered(self, generation: int) -> bool:
+        """Whether the write of `generation` is known delivered (or was this
+        process's own), without asking the database (a fence proves it for
+        any committed write)."""
+        with self._caught_up:
+            if self.ordered and self.applied >= generation:
+                return True
+            return generation in self._recent_set
+
+    def wrote(self, generation: int) -> None:
+        """This process committed `generation` and applied it to its caches
+        (a read here with it as min_generation need not wait). Not `applied`:
+        other processes' earlier writes may not be delivered yet."""
+        with self._caught_up:
+            self._remember(generation)
+
+    def _remember(self, generation: int) -> None:
+        # Under _caught_up.
+        if generation not in self._recent_set:
+            if len(self._recent) == self._recent.maxlen:
+                self._recent_set.discard(self._recent[0])
+            self._recent.append(generation)
+            self._recent_set.add(generation)
+
+    def fence(self) -> int:
+        """Ask the feed to prove it has delivered every write committed before
+        now; the ticket to `wait` for (may raise the store's errors)."""
+        with self._caught_up:
+            self._issued += 1
+            ticket = self._issued
+        self._request_fence(ticket)
+        return ticket
+
+    def wait(self, ticket: int, generation: int, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until the fence `ticket` is proved and
+        `generation` applied; whether it happened. Woken by the feed's news."""
+        with self._caught_up:
+            return self._caught_up.wait_for(
+                lambda: self._fenced >= ticket and self.applied >= generation,
+                timeout=max(0.0, timeout),
+            )
+
+    def _applied_through(self, generation: int) -> None:
+        """Every write up to `generation` is delivered (a poller's first
+        contact: nothing is cached yet)."""
+        with self._caught_up:
+            if generation > self.applied:
+                self.applied = generation
+                self._caught_up.notify_all()
+
+    def _proved(self, ticket: int) -> None:
+        with self._caught_up:
+            if ticket > self._fenced:
+                self._fenced = ticket
+                self._caught_up.notify_all()
+
+    def _request_fence(self, ticket: int) -> None:
+        # A poller: its next cycle, which begins after this call, proves it.
+        self._wake.set()
+
+    def publish(self, kind: str, agent_id: str, user_id: str, session: str) -> None:
+        """Tell every other replica of a session event (may raise the store's
+        errors)."""
+        self._send(session_payload(self.origin, kind, agent_id, user_id, session))
+
+    def _session_event(self, payload: str) -> None:
+        """Deliver a session event (see session_payload) or, on PostgreSQL, a
+        fence of this feed's (["fence", origin, ticket])."""
+        try:
+            what, origin, *rest = json.loads(payload)
+            if origin == self.origin:
+                if what == "fence":
+                    self._proved(int(rest[0]))
+                return
+            if what == "session" and self.on_session is not None:
+                kind, agent_id, user_id, session = rest
+                self.on_session(str(kind), str(agent_id), str(user_id), str(session))
+        except (ValueError, TypeError) as exc:
+            # Anyone who can reach the database can send one: a bad payload
+            # must not take the feed down with it.
+            log.warning("ignored a malformed session event (%s): %.200r", exc, payload)
+
+    def _resync(self) -> None:
+        if self.on_resync is not None:
+            self.on_resync()
 
     @property
     def settle_seconds(self) -> float:
@@ -134,6 +281,13 @@ class ChangeFeed(abc.ABC):
 
     def _deliver(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
         self._on_change(owner, tier, generation, erased)
+        # After the callback: a read woken by it finds the caches informed.
+        with self._caught_up:
+            if not self.ordered:
+                self._remember(generation)
+            if generation > self.applied:
+                self.applied = generation
+                self._caught_up.notify_all()
 
     @abc.abstractmethod
     def _open(self) -> bool:

@@ -49,6 +49,7 @@ from sidecar.metrics import Metrics
 from sidecar.partitions import PartitionKey, Partitions
 from sidecar.queries import Queries, weights
 from sidecar.ranking import rank
+from sidecar.replication import COMPACTION, END, Replication
 from sidecar.semantic import Floats, Semantic
 from sidecar.sessions import Limits, SessionTable, session_key, session_scope
 from sidecar.similarity import Similar
@@ -94,6 +95,8 @@ class Added(NamedTuple):
     usage: Usage
     created: bool
     similar: tuple[Similar, ...]
+    # The generation written (when nothing was, the partition's current one).
+    generation: int = 0
 
 
 def _session_limits(settings: AgentSettings) -> Limits:
@@ -174,6 +177,8 @@ class MemoryEngine:
         self.forgetting = Forgetting(
             store, self.partitions, self._sessions, self.semantic, self._metrics
         )
+        # min_generation waits, and session events to and from other replicas.
+        self.replication = Replication(self.partitions, self._sessions, self._metrics)
         # Labelled children looked up once: a cached turn touches them every time.
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")
@@ -263,9 +268,8 @@ class MemoryEngine:
             self.partitions.added(key, written)
             if self.semantic is not None:
                 self.semantic.written(key, written, held, content_changed=True)
-        return Added(
-            written.memory, written.usage, written.created, similar if written.created else ()
-        )
+        similar = similar if written.created else ()
+        return Added(written.memory, written.usage, written.created, similar, written.generation)
 
     def update(
         self,
@@ -279,10 +283,10 @@ class MemoryEngine:
         match: str = "",
         tier: Tier = Tier.MEMORY,
         expiry: tuple[int | None, bool] = (None, False),
-    ) -> tuple[Memory, Usage]:
+    ) -> tuple[Memory, Usage, int]:
         """Change the entry named by `memory_id`, or (with `match`, and
         memory_id "") the one entry of `tier` whose content holds `match`
-        (`expiry`: Expiry.for_update's)."""
+        (`expiry`: Expiry.for_update's); the entry, usage, generation written."""
         settings = self.settings(scope)
         if content is not None:
             self._screen(settings, "content", content)
@@ -310,7 +314,7 @@ class MemoryEngine:
             self.partitions.changed(key, written, memory)
             if self.semantic is not None:
                 self.semantic.written(key, written, held, content_changed=content is not None)
-        return memory, written.usage
+        return memory, written.usage, written.generation
 
     def delete(
         self,
@@ -320,7 +324,7 @@ class MemoryEngine:
         still_wanted: Wanted | None = None,
         match: str = "",
         tier: Tier = Tier.MEMORY,
-    ) -> tuple[Memory, Usage]:
+    ) -> tuple[Memory, Usage, int]:
         """Remove the entry named by `memory_id`, or by `match` in `tier`, as update."""
         with self.partitions.writing(_edited_partitions(scope, match, tier)):
             written = self._store.delete(
@@ -331,7 +335,7 @@ class MemoryEngine:
             self.partitions.changed(key, written, None)
             if self.semantic is not None:
                 self.semantic.removed(key, written)
-        return memory, written.usage
+        return memory, written.usage, written.generation
 
     def _embedding(
         self, content: str | None, keys: Sequence[PartitionKey]
@@ -416,7 +420,8 @@ class MemoryEngine:
             self.partitions.verify([(tier, scope.owner(tier)) for tier in Tier])
         session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
         view = session.view
-        frozen = settings.snapshot_refresh == "on_compaction"
+        # Unverified, the feed may miss another replica's compaction: no freezing.
+        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
         # Which of the view's partitions are still current, looked up once.
         fresh = self._snapshots.fresh(view, scope) if view is not None else []
         hit = (
@@ -469,17 +474,19 @@ class MemoryEngine:
             snapshot=view,
         )
 
-    def notify_compaction(self, scope: Scope, session_id: str) -> bool:
+    def notify_compaction(self, scope: Scope, session_id: str) -> tuple[bool, bool]:
+        """(whether this replica held the session, whether the others were told)."""
         invalidated = self._sessions.invalidate(session_key(scope, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
-        return invalidated
+        return invalidated, self.replication.publish(COMPACTION, scope, session_id)
 
-    def end_session(self, scope: Scope, session_id: str) -> bool:
+    def end_session(self, scope: Scope, session_id: str) -> tuple[bool, bool]:
+        """As notify_compaction."""
         dropped = self._sessions.drop(session_key(scope, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
-        return dropped
+        return dropped, self.replication.publish(END, scope, session_id)
 
     # --- housekeeping -------------------------------------------------------
 

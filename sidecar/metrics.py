@@ -102,6 +102,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.replica_behind = Counter(
+            "memory_replica_behind",
+            "Reads refused (REPLICA_BEHIND) because this replica had not applied "
+            "their min_generation within the deadline.",
+            registry=r,
+        )
         self.sessions_active = Gauge(
             "memory_sessions_active", "Sessions holding a snapshot.", registry=r
         )

@@ -147,10 +147,10 @@ class Partitions:
         if self.on_generation is not None:
             self.on_generation(key, generation)
 
-    def verify(self, keys: Iterable[PartitionKey]) -> None:
-        """Without a verified feed, learn the partitions' generations (and
-        erasures) from the database."""
-        if self.feed is None or self.feed.verified:
+    def verify(self, keys: Iterable[PartitionKey], *, force: bool = False) -> None:
+        """Without a verified feed (or `force`d), learn the partitions'
+        generations (and erasures) from the database."""
+        if self.feed is None or (self.feed.verified and not force):
             return
         for key, (generation, erased) in self._store.freshness(keys).items():
             self.generations.track(key)
@@ -361,6 +361,8 @@ class Partitions:
             cached = self._without(key, cached, written.expired, written.previous)
         if self.on_generation is not None:
             self.on_generation(key, written.generation)
+        if self.feed is not None:
+            self.feed.wrote(written.generation)  # read-your-writes here: no wait
         if cached is not None and cached.generation == written.previous:
             # StopIteration or None: the entry was not in the cached
             # partition, or it was not the newest of its storage; it reloads.

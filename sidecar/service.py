@@ -23,7 +23,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import access, erasing, paging, tokens, watching
+from sidecar import access, erasing, paging, replica_reads, tokens, watching
 from sidecar._caches import LRU
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
@@ -249,6 +249,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             memory=memory_pb(added.memory),
             usage=usage_pb(tier, added.usage, self._engine.settings(scope)),
             created=added.created,
+            generation=added.generation,
             similar=[
                 pb.SimilarMemory(memory=memory_pb(s.memory), score=s.score) for s in added.similar
             ],
@@ -264,7 +265,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             check_confidence(request.confidence) if request.HasField("confidence") else None
         )
         category = self._category(request.category) if request.HasField("category") else None
-        memory, usage = self._engine.update(
+        memory, usage, generation = self._engine.update(
             scope,
             memory_id,
             content=content,
@@ -278,6 +279,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
             usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
+            generation=generation,
         )
 
     def DeleteMemory(
@@ -285,12 +287,13 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> pb.DeleteMemoryResponse:
         scope = self._scope(request.scope)
         memory_id, match, tier = self._target(request, "memory to delete")
-        memory, usage = self._engine.delete(
+        memory, usage, generation = self._engine.delete(
             scope, memory_id, still_wanted=_still_wanted(context), match=match, tier=tier
         )
         return pb.DeleteMemoryResponse(
             memory=memory_pb(memory),
             usage=usage_pb(memory.tier, usage, self._engine.settings(scope)),
+            generation=generation,
         )
 
     def GetMemories(self, request: pb.GetMemoriesRequest, context: Any) -> pb.GetMemoriesResponse:
@@ -300,6 +303,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         size = paging.page_size(request.page_size, default=MAX_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
         bound_to = paging.digest(scope, tiers, category)
         after = self._pages.decode(request.page_token, "list", bound_to)
+        replica_reads.caught_up(self._engine, scope, tiers, request.min_generation, context)
         # One more than the page holds: whether another page follows.
         memories, usage = self._engine.list_memories(
             scope, tiers, category, after_seq=after, limit=size + 1,
@@ -332,6 +336,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         size = paging.page_size(request.page_size, default=limit, maximum=MAX_SEARCH_LIMIT)
         bound_to = paging.digest(scope, tiers, query, category, limit, request.match_all)
         offset = self._pages.decode(request.page_token, "search", bound_to)
+        replica_reads.caught_up(self._engine, scope, tiers, request.min_generation, context)
         hits = self._engine.search(
             scope, query, tiers, category=category, limit=limit, match_all=request.match_all
         )
@@ -373,6 +378,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             checked(f"keywords[{i}]", word, limits.query_chars)
             for i, word in enumerate(request.keywords)
         ]
+        replica_reads.caught_up(self._engine, scope, Tier, request.min_generation, context)
         turn = self._engine.inject(
             scope,
             session_id,
@@ -429,14 +435,14 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> pb.NotifyCompactionResponse:
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        return pb.NotifyCompactionResponse(
-            invalidated=self._engine.notify_compaction(scope, session_id)
-        )
+        invalidated, broadcast = self._engine.notify_compaction(scope, session_id)
+        return pb.NotifyCompactionResponse(invalidated=invalidated, broadcast=broadcast)
 
     def EndSession(self, request: pb.EndSessionRequest, context: Any) -> pb.EndSessionResponse:
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
-        return pb.EndSessionResponse(dropped=self._engine.end_session(scope, session_id))
+        dropped, broadcast = self._engine.end_session(scope, session_id)
+        return pb.EndSessionResponse(dropped=dropped, broadcast=broadcast)
 
     def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
         scope = self._scope(request.scope)

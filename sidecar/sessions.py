@@ -192,6 +192,19 @@ class SessionTable(Generic[V]):
             self._count -= dropped
         return dropped
 
+    def release_views(self) -> int:
+        """Every session lets go of its view and takes the current one at its
+        next turn (a replica that may have missed compactions and ends of
+        sessions sent to others); how many held one."""
+        released = 0
+        with self._lock:
+            for sessions in self._agents.values():
+                for session in _each(sessions):
+                    released += session.view is not None
+                    session.view = None
+                    session.epoch += 1
+        return released
+
     def views(self) -> list[tuple[str, SessionId, V]]:
         """(agent_id, session_id, view) of every session holding a view (for
         the janitor: a scan of every session)."""

@@ -337,7 +337,7 @@ class Tools:
         old_text = self._old_text(_text(arguments, "old_text", required=True))
         if action == "replace":
             content = self._content(_text(arguments, "content", required=True))
-            memory, usage = self._engine.update(
+            memory, usage, _ = self._engine.update(
                 scope,
                 "",
                 content=content,
@@ -352,7 +352,7 @@ class Tools:
             )
         if arguments.get("content"):
             raise _ArgumentError("`content` is for add and replace; remove takes old_text")
-        memory, usage = self._engine.delete(scope, "", match=old_text, tier=tier)
+        memory, usage, _ = self._engine.delete(scope, "", match=old_text, tier=tier)
         return ToolResult(
             f"Removed from {label} {_usage_text(usage, limit)}: {memory.content!r}",
             self._outcome(action, memory, usage, limit),

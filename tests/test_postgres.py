@@ -155,7 +155,11 @@ def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
             return None
 
     feed = NotifyListener(
-        Quiet, lambda *news: heard.append(news), heartbeat=1.0, clock=lambda: now[0]
+        Quiet,
+        lambda *news: heard.append(news),
+        heartbeat=1.0,
+        publish=lambda payload: None,
+        clock=lambda: now[0],
     )
     feed.run_once()  # connects, LISTENs, re-reads every state row
     assert feed.verified
@@ -338,3 +342,32 @@ def test_the_duplicate_check_uses_its_index_after_a_bulk_load(postgres: pg.Clust
             ).fetchall()
         )
     assert "idx_memories_content" in plan, plan
+
+
+def test_a_listener_that_reconnects_lets_frozen_sessions_take_the_current_view(
+    make_sidecar: MakeSidecar, postgres: pg.Cluster
+) -> None:
+    """Session events sent while a listener was away are lost with its
+    connection: after the reconnect every session takes the current view
+    once, as if it had heard a compaction."""
+    frozen = "defaults: {snapshot_refresh: on_compaction}\n"
+    a, b = make_sidecar(frozen), make_sidecar(frozen)
+    a.add("The repo uses uv", scope=SCOPE)
+    eventually(lambda: shown(b, "s", "uses uv"), "B shows A's write")
+    a.add("Deploys go through ArgoCD", scope=SCOPE)
+    eventually(lambda: "ArgoCD" in b.turn("t", scope=SCOPE).system_block, "B has A's write")
+    assert "ArgoCD" not in b.turn("s", scope=SCOPE).system_block  # frozen
+
+    database = b.db.split("/")[-1].split("?")[0]
+    postgres.sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        f" WHERE application_name = '{LISTENER_NAME}' AND datname = '{database}'"
+    )
+    eventually(
+        lambda: feed_sample(b, "memory_change_feed_connects_total") == 2, "B's listener reconnects"
+    )
+    eventually(lambda: feed_sample(b, "memory_change_feed_verified") == 1, "B trusts caches again")
+    turn = b.turn("s", scope=SCOPE)
+    assert "ArgoCD" in turn.system_block
+    # Then frozen again until the next compaction.
+    assert b.turn("s", scope=SCOPE).cache_hit

@@ -100,16 +100,18 @@ class AddMemoryRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., idempotency_key: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class AddMemoryResponse(_message.Message):
-    __slots__ = ("memory", "usage", "created", "similar")
+    __slots__ = ("memory", "usage", "created", "similar", "generation")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     SIMILAR_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     usage: TierUsage
     created: bool
     similar: _containers.RepeatedCompositeFieldContainer[SimilarMemory]
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., created: _Optional[bool] = ..., similar: _Optional[_Iterable[_Union[SimilarMemory, _Mapping]]] = ...) -> None: ...
+    generation: int
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., created: _Optional[bool] = ..., similar: _Optional[_Iterable[_Union[SimilarMemory, _Mapping]]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class SimilarMemory(_message.Message):
     __slots__ = ("memory", "score")
@@ -144,12 +146,14 @@ class UpdateMemoryRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., content: _Optional[str] = ..., category: _Optional[str] = ..., confidence: _Optional[float] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl_seconds: _Optional[int] = ..., clear_expiry: _Optional[bool] = ...) -> None: ...
 
 class UpdateMemoryResponse(_message.Message):
-    __slots__ = ("memory", "usage")
+    __slots__ = ("memory", "usage", "generation")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     usage: TierUsage
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
+    generation: int
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class DeleteMemoryRequest(_message.Message):
     __slots__ = ("scope", "id", "match", "tier")
@@ -164,28 +168,32 @@ class DeleteMemoryRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., id: _Optional[str] = ..., match: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class DeleteMemoryResponse(_message.Message):
-    __slots__ = ("memory", "usage")
+    __slots__ = ("memory", "usage", "generation")
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     memory: Memory
     usage: TierUsage
-    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ...) -> None: ...
+    generation: int
+    def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., usage: _Optional[_Union[TierUsage, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GetMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "tier", "category", "page_size", "page_token", "include_expired")
+    __slots__ = ("scope", "tier", "category", "page_size", "page_token", "include_expired", "min_generation")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     tier: Tier
     category: str
     page_size: int
     page_token: str
     include_expired: bool
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_expired: _Optional[bool] = ...) -> None: ...
+    min_generation: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_expired: _Optional[bool] = ..., min_generation: _Optional[int] = ...) -> None: ...
 
 class GetMemoriesResponse(_message.Message):
     __slots__ = ("memories", "usage", "next_page_token")
@@ -198,7 +206,7 @@ class GetMemoriesResponse(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., usage: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SearchMemoriesRequest(_message.Message):
-    __slots__ = ("scope", "query", "tier", "category", "limit", "match_all", "page_size", "page_token")
+    __slots__ = ("scope", "query", "tier", "category", "limit", "match_all", "page_size", "page_token", "min_generation")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +215,7 @@ class SearchMemoriesRequest(_message.Message):
     MATCH_ALL_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     query: str
     tier: Tier
@@ -215,7 +224,8 @@ class SearchMemoriesRequest(_message.Message):
     match_all: bool
     page_size: int
     page_token: str
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., query: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., limit: _Optional[int] = ..., match_all: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    min_generation: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., query: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., category: _Optional[str] = ..., limit: _Optional[int] = ..., match_all: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., min_generation: _Optional[int] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("memory", "score")
@@ -234,7 +244,7 @@ class SearchMemoriesResponse(_message.Message):
     def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class InjectForTurnRequest(_message.Message):
-    __slots__ = ("scope", "session_id", "user_message", "recent_messages", "keywords", "strategy", "max_memories", "max_tokens")
+    __slots__ = ("scope", "session_id", "user_message", "recent_messages", "keywords", "strategy", "max_memories", "max_tokens", "min_generation")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     USER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +253,7 @@ class InjectForTurnRequest(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     MAX_MEMORIES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_GENERATION_FIELD_NUMBER: _ClassVar[int]
     scope: Scope
     session_id: str
     user_message: str
@@ -251,7 +262,8 @@ class InjectForTurnRequest(_message.Message):
     strategy: KeywordStrategy
     max_memories: int
     max_tokens: int
-    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., user_message: _Optional[str] = ..., recent_messages: _Optional[_Iterable[str]] = ..., keywords: _Optional[_Iterable[str]] = ..., strategy: _Optional[_Union[KeywordStrategy, str]] = ..., max_memories: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    min_generation: int
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., user_message: _Optional[str] = ..., recent_messages: _Optional[_Iterable[str]] = ..., keywords: _Optional[_Iterable[str]] = ..., strategy: _Optional[_Union[KeywordStrategy, str]] = ..., max_memories: _Optional[int] = ..., max_tokens: _Optional[int] = ..., min_generation: _Optional[int] = ...) -> None: ...
 
 class InjectForTurnResponse(_message.Message):
     __slots__ = ("system_block", "turn_context", "snapshot_generation", "snapshot_sha256", "cache_hit", "injected_memory_ids", "system_block_tokens", "turn_context_tokens", "token_counter", "usage", "system_block_memory_ids")
@@ -288,10 +300,12 @@ class NotifyCompactionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ...) -> None: ...
 
 class NotifyCompactionResponse(_message.Message):
-    __slots__ = ("invalidated",)
+    __slots__ = ("invalidated", "broadcast")
     INVALIDATED_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_FIELD_NUMBER: _ClassVar[int]
     invalidated: bool
-    def __init__(self, invalidated: _Optional[bool] = ...) -> None: ...
+    broadcast: bool
+    def __init__(self, invalidated: _Optional[bool] = ..., broadcast: _Optional[bool] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id", "scope")
@@ -302,10 +316,12 @@ class EndSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., scope: _Optional[_Union[Scope, _Mapping]] = ...) -> None: ...
 
 class EndSessionResponse(_message.Message):
-    __slots__ = ("dropped",)
+    __slots__ = ("dropped", "broadcast")
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_FIELD_NUMBER: _ClassVar[int]
     dropped: bool
-    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+    broadcast: bool
+    def __init__(self, dropped: _Optional[bool] = ..., broadcast: _Optional[bool] = ...) -> None: ...
 
 class ListToolsRequest(_message.Message):
     __slots__ = ("scope",)
