@@ -99,6 +99,32 @@ class Added(NamedTuple):
     generation: int = 0
 
 
+def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) -> None:
+    """Refuse (strict) or log (warn) text with a refused finding; count
+    text stored to be shown quoted."""
+    mode = settings.content_scanning
+    if mode == "off":
+        return
+    finding = scanner.scan(text)
+    if finding is None:
+        return
+    action = "quoted" if not finding.refused else "refused" if mode == "strict" else "warned"
+    metrics.scan_findings.labels(finding.pattern, action).inc()
+    if action == "quoted":
+        return
+    if mode == "strict":
+        raise InvalidArgument(
+            f"{field} was refused by the content scan ({finding.pattern}: "
+            f"{finding.excerpt!r}); memories are injected into system prompts",
+            reason="CONTENT_REJECTED",
+            metadata={"field": field, "pattern": finding.pattern},
+        )
+    log.warning(
+        "stored a memory that fails the content scan (%s); it is never injected verbatim",
+        finding.pattern,
+    )
+
+
 def _session_limits(settings: AgentSettings) -> Limits:
     return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
 
@@ -198,31 +224,6 @@ class MemoryEngine:
             self._metrics.budget_rejections.labels(exc.tier).inc()
             raise
 
-    def _screen(self, settings: AgentSettings, field: str, text: str) -> None:
-        """Refuse (strict) or log (warn) text with a refused finding; count
-        text stored to be shown quoted."""
-        mode = settings.content_scanning
-        if mode == "off":
-            return
-        finding = scanner.scan(text)
-        if finding is None:
-            return
-        action = "quoted" if not finding.refused else "refused" if mode == "strict" else "warned"
-        self._metrics.scan_findings.labels(finding.pattern, action).inc()
-        if action == "quoted":
-            return
-        if mode == "strict":
-            raise InvalidArgument(
-                f"{field} was refused by the content scan ({finding.pattern}: "
-                f"{finding.excerpt!r}); memories are injected into system prompts",
-                reason="CONTENT_REJECTED",
-                metadata={"field": field, "pattern": finding.pattern},
-            )
-        log.warning(
-            "stored a memory that fails the content scan (%s); it is never injected verbatim",
-            finding.pattern,
-        )
-
     def add(
         self,
         scope: Scope,
@@ -238,8 +239,8 @@ class MemoryEngine:
         # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
         expires_at = self.expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
-        self._screen(settings, "content", content)
-        self._screen(settings, "category", category)
+        _screen(self._metrics, settings, "content", content)
+        _screen(self._metrics, settings, "category", category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
         similar = self._queries.near_duplicates(settings, self.partitions, key, content, held)
@@ -289,9 +290,9 @@ class MemoryEngine:
         (`expiry`: Expiry.for_update's); the entry, usage, generation written."""
         settings = self.settings(scope)
         if content is not None:
-            self._screen(settings, "content", content)
+            _screen(self._metrics, settings, "content", content)
         if category is not None:
-            self._screen(settings, "category", category)
+            _screen(self._metrics, settings, "category", category)
         keys = _edited_partitions(scope, match, tier)
         stored, held = self._embedding(content, keys)
         with self.partitions.writing(keys), self._counting_rejections():
