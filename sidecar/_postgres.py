@@ -12,7 +12,7 @@ Many replicas share one database. What keeps them correct:
 - Migrations run under a transaction-scoped advisory lock, so replicas
   starting together migrate once.
 
-Owns: PostgreSQL's pool and connection parameters, DSN redaction, the schema
+Owns: PostgreSQL's connection parameters (the pool is sidecar._pgpool), DSN redaction, the schema
 steps (4 at once, then 5 and 6), the migration lock, the NOTIFY channel, the
 generation sequence and the listener. Must not touch: SQLite, caches, the engine,
 gRPC; the password is an argument (sidecar.config reads it). Only sidecar.store
@@ -45,6 +45,7 @@ from sidecar._backend import (
     Backend,
     FeedSettings,
 )
+from sidecar._pgpool import Pool, out_of_slots
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import (
     StoreError,
@@ -53,7 +54,6 @@ from sidecar.errors import (
 
 try:
     import psycopg
-    from playhouse.postgres_ext import PooledPsycopg3Database
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -274,6 +274,13 @@ class ErrorGuard(_backend.ErrorGuard):
                 ) from exc
             return
         state = original.sqlstate or ""
+        if out_of_slots(original):
+            # Not unreachable: full. Every slot (max_connections) is taken,
+            # by this replica's pool or others'; one frees up soon.
+            raise Unavailable(
+                f"the database server has no free connection slot ({self.location}); retry",
+                reason="DATABASE_BUSY",
+            ) from exc
         if state in _STORAGE:
             reason, why = _STORAGE[state]
             raise _backend.storage_fault(reason, f"{why} ({self.location})") from exc
@@ -335,6 +342,7 @@ class PostgresBackend(Backend):
         password: str = "",
         busy_timeout_ms: int = 5000,
         max_connections: int = 20,
+        idle_seconds: float = 60.0,
     ) -> None:
         _require_driver()
         # libpq knows postgresql:// and postgres://; Peewee only the first.
@@ -342,9 +350,10 @@ class PostgresBackend(Backend):
         self.location = redacted(dsn)
         self._password = password
         self._busy_timeout_ms = busy_timeout_ms
-        self.db = PooledPsycopg3Database(
+        self.db = Pool(
             self._dsn,
             max_connections=max_connections,
+            idle_seconds=idle_seconds,
             timeout=max(busy_timeout_ms / 1000, 1),
             **self._connect_params(APPLICATION_NAME),
         )
@@ -440,7 +449,10 @@ class PostgresBackend(Backend):
     def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
         heartbeat = settings.heartbeat_seconds
         return NotifyListener(
-            lambda: self._listener_connection(heartbeat), on_change, heartbeat=heartbeat
+            lambda: self._listener_connection(heartbeat),
+            on_change,
+            heartbeat=heartbeat,
+            pool=self.db,
         )
 
     def _listener_connection(self, heartbeat: float) -> Any:
@@ -473,17 +485,33 @@ class NotifyListener(ChangeFeed):
         on_change: OnChange,
         *,
         heartbeat: float,
+        pool: Pool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(on_change, interval=heartbeat, stale_after=3 * heartbeat, clock=clock)
         self._connect = connect
+        self._pool = pool
         self._connection: Any = None
         self._beat = 0.0
 
     def _open(self) -> bool:
         if self._connection is not None:
             return False
-        connection = self._connect()
+        if self._pool is not None:
+            self._pool.reap()
+        try:
+            connection = self._connect()
+        except Exception as exc:
+            if self._pool is None or not out_of_slots(exc):
+                raise
+            # Without the listener every call checks the database, so it
+            # comes before the pool's spare connections: give them back,
+            # grow no more, and try again at once (the feed backs off if
+            # another process took the slots first).
+            self._pool.make_room()
+            connection = self._connect()
+        if self._pool is not None:
+            self._pool.release()
         self._connection = connection
         connection.execute(f"LISTEN {CHANNEL}")
         self.connects += 1
@@ -507,6 +535,8 @@ class NotifyListener(ChangeFeed):
         # The heartbeat: a connection that died quietly fails here.
         self._connection.execute("SELECT 1")
         self._beat = self._clock()
+        if self._pool is not None:
+            self._pool.reap()
         return True
 
     def _close(self) -> None:

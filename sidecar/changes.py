@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 # replica drops what showed erased content (sidecar.erasure).
 OnChange = Callable[[str, str, int, int], None]
 _NEVER = float("-inf")
+# A failing feed retries for ever, doubling its wait from one interval up to
+# this (or one interval, if longer), and warns at most this often.
+BACKOFF_CAP_SECONDS = 5.0
+_WARN_EVERY_SECONDS = 60.0
 
 
 class ChangeFeed(abc.ABC):
@@ -70,6 +74,9 @@ class ChangeFeed(abc.ABC):
         # Seen by metrics and tests.
         self.failures = 0
         self.connects = 0
+        # Failed cycles in a row: the back-off, and when to warn again.
+        self._streak = 0
+        self._warned = _NEVER
 
     # True: a cycle returns at once and the thread sleeps between cycles.
     # False: a cycle itself blocks until news or the interval has passed.
@@ -109,12 +116,32 @@ class ChangeFeed(abc.ABC):
             alive = self._cycle() or opened
         except Exception as exc:
             self.failures += 1
+            self._streak += 1
             self._last_ok = _NEVER
-            log.warning("change feed failed (%s); caches are checked against the database", exc)
+            # One line per outage (and a reminder a minute), not per retry.
+            if self._streak == 1 or self._clock() - self._warned >= _WARN_EVERY_SECONDS:
+                self._warned = self._clock()
+                log.warning(
+                    "change feed failed (%s); caches are checked against the database"
+                    " until it is back (retrying)",
+                    exc,
+                )
             self._close()
             return
+        if self._streak:
+            log.info("change feed back after %d failed attempts", self._streak)
+            self._streak = 0
         if alive:
             self._last_ok = started
+
+    @property
+    def retry_seconds(self) -> float:
+        """How long to wait before the next cycle after this many failures:
+        one interval, doubling, capped."""
+        if not self._streak:
+            return self.interval
+        cap = max(self.interval, BACKOFF_CAP_SECONDS)
+        return float(min(cap, self.interval * 2 ** min(self._streak - 1, 16)))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -122,7 +149,7 @@ class ChangeFeed(abc.ABC):
             if self.polls or not self.verified:
                 # The poll interval, or a back-off before reconnecting; a stop
                 # wakes the thread at once.
-                self._stop.wait(self.interval)
+                self._stop.wait(self.retry_seconds)
 
     @property
     def settle_seconds(self) -> float:

@@ -40,8 +40,10 @@ _NOT_DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
 
 
 class Cluster:
-    def __init__(self, bin_dir: Path, *, durable: bool = False) -> None:
+    def __init__(self, bin_dir: Path, *, durable: bool = False, max_connections: int = 300) -> None:
         self._bin = bin_dir
+        # Low for tests of what happens when the server runs out of slots.
+        self._max_connections = max_connections
         # Tests run without fsync; `make bench` with PostgreSQL's defaults.
         self._durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="memory-sidecar-pg-"))
@@ -85,7 +87,7 @@ class Cluster:
             [
                 "-c listen_addresses=''",
                 f"-k {self.root}",
-                "-c max_connections=300",
+                f"-c max_connections={self._max_connections}",
             ]
             + ([] if self._durable else [f"-c {off}=off" for off in _NOT_DURABLE])
         )
