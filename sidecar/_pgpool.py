@@ -38,14 +38,22 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 # "remaining connection slots are reserved for ...".
 TOO_MANY_CONNECTIONS = "53300"
 # libpq reports a refused connection without a SQLSTATE; these are the
-# server's words for the two refusals above (PostgreSQL 13-17, English).
-_NO_SLOT_WORDS = ("too many clients", "remaining connection slots are reserved")
+# server's words for the refusals above and for a role's or database's
+# CONNECTION LIMIT (PostgreSQL 13-17, English).
+_NO_SLOT_WORDS = (
+    "too many clients",
+    "remaining connection slots are reserved",
+    "too many connections for",
+)
 
 
 def out_of_slots(error: BaseException) -> bool:
     """Whether the server refused a connection for want of a free slot."""
-    if getattr(error, "sqlstate", None) == TOO_MANY_CONNECTIONS:
-        return True
+    state = getattr(error, "sqlstate", None)
+    if state is not None:
+        return bool(state == TOO_MANY_CONNECTIONS)
+    # Only a connection refused before any SQLSTATE: never an error that
+    # might quote stored content back.
     text = str(error).lower()
     return any(words in text for words in _NO_SLOT_WORDS)
 

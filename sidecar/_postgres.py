@@ -12,11 +12,11 @@ Many replicas share one database. What keeps them correct:
 - Migrations run under a transaction-scoped advisory lock, so replicas
   starting together migrate once.
 
-Owns: PostgreSQL's connection parameters (the pool is sidecar._pgpool), DSN redaction, the schema
-steps (4 at once, then 5 and 6), the migration lock, the NOTIFY channel, the
-generation sequence and the listener. Must not touch: SQLite, caches, the engine,
-gRPC; the password is an argument (sidecar.config reads it). Only sidecar.store
-imports this module, inside a function.
+Owns: PostgreSQL's connection parameters (the pool is sidecar._pgpool), DSN
+redaction, the schema steps (4 at once, then 5 and 6), the migration lock, the
+NOTIFY channel, the generation sequence and the listener. Must not touch:
+SQLite, caches, the engine, gRPC; the password is an argument (sidecar.config
+reads it). Only sidecar.store imports this module, inside a function.
 """
 
 from __future__ import annotations
