@@ -228,3 +228,51 @@ def test_a_call_that_finds_no_free_slot_is_database_busy(small: pg.Cluster, tmp_
         for hog in hogs:
             hog.close()
         stop_sidecar(running)
+
+
+def test_the_pool_closes_what_stayed_idle_and_holds_for_the_listener(small: pg.Cluster) -> None:
+    from playhouse.pool import MaxConnectionsExceeded
+
+    from sidecar._pgpool import Pool
+
+    dsn, name = database(small)
+    now = [0.0]
+    pool = Pool(
+        dsn,
+        max_connections=4,
+        idle_seconds=10,
+        timeout=1,
+        clock=lambda: now[0],
+        password=PASSWORD,
+        application_name=POOLED,
+    )
+    together = threading.Barrier(3)
+
+    def call() -> None:
+        with pool.connection_context():
+            pool.execute_sql("SELECT 1")
+            together.wait(30)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    together.wait(30)
+    for thread in threads:
+        thread.join(30)
+    assert pool.idle_count() == 2
+    assert backends(small, name, POOLED) == 2
+
+    now[0] = 9.0
+    assert pool.reap() == 0
+    now[0] = 10.5
+    assert pool.reap() == 2
+    eventually(lambda: backends(small, name, POOLED) == 0, "the idle connections are closed")
+
+    # Held for the listener: no new connection (a call waits, then fails).
+    assert pool.make_room() == 0
+    with pytest.raises(MaxConnectionsExceeded):
+        pool.connect()
+    pool.release()
+    with pool.connection_context():
+        assert pool.execute_sql("SELECT 1").fetchone() == (1,)
+    pool.close_all()
