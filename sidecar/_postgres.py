@@ -1,5 +1,5 @@
-"""Everything PostgreSQL-specific: connections, schema DDL, the NOTIFY
-listener, and which server errors mean what. Needs the `postgres` extra
+"""Everything PostgreSQL-specific: connections, schema DDL, notifications,
+and which server errors mean what (the listener is sidecar._pg_listener). Needs the `postgres` extra
 (psycopg 3); imported only when `server.db` is a postgresql:// DSN.
 
 Many replicas share one database. What keeps them correct:
@@ -12,21 +12,19 @@ Many replicas share one database. What keeps them correct:
 - Migrations run under a transaction-scoped advisory lock, so replicas
   starting together migrate once.
 
-Owns: PostgreSQL's pool and connection parameters, DSN redaction, the schema
-steps (4 at once, then 5 to 9), the migration lock, the NOTIFY channels (writes;
-session events and fences), the generation sequence and the listener. Must not
-touch: SQLite, caches, the engine, gRPC; the password is an argument
-(sidecar.config reads it). Only sidecar.store imports this module, inside a
-function.
+Owns: PostgreSQL's connection parameters (the pool is sidecar._pgpool), DSN
+redaction, the schema steps (4 at once, then 5 to 9), the migration lock, the
+notifications it sends (writes; session events and fences), the generation
+sequence, and starting the listener. Must not touch: SQLite, caches, the engine, gRPC; the password is
+an argument (sidecar.config reads it). Only sidecar.store imports this module,
+inside a function.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -51,6 +49,8 @@ from sidecar._backend import (
     Backend,
     FeedSettings,
 )
+from sidecar._pg_listener import CHANNEL, EVENTS_CHANNEL, NotifyListener
+from sidecar._pgpool import Pool, out_of_slots
 from sidecar.changes import ChangeFeed, OnChange
 from sidecar.errors import (
     DatabaseRefused,
@@ -60,25 +60,17 @@ from sidecar.errors import (
 
 try:
     import psycopg
-    from playhouse.postgres_ext import PooledPsycopg3Database
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "memory_sidecar_changes"
-# Session events and fences (sidecar.changes), on the same connection: one
-# queue, delivered in commit order across channels. A channel of their own
-# keeps them from releases that read every CHANNEL payload as a write.
-EVENTS_CHANNEL = "memory_sidecar_events"
 SEQUENCE = "memory_generation"
 # pg_advisory_xact_lock key for migrations: any constant, the same in every
 # replica ("memsidecar" as bytes, truncated to a bigint).
 MIGRATION_LOCK = 0x6D656D7369646563
 APPLICATION_NAME = "memory-sidecar"
 LISTENER_NAME = "memory-sidecar-listener"
-# The longest the listener waits for notifications at a time.
-_SLICE = 0.1
 
 
 def redacted(dsn: str) -> str:
@@ -321,6 +313,13 @@ class ErrorGuard(_backend.ErrorGuard):
                 ) from exc
             return
         state = original.sqlstate or ""
+        if out_of_slots(original):
+            # Not unreachable: full. Every slot (max_connections) is taken,
+            # by this replica's pool or others'; one frees up soon.
+            raise Unavailable(
+                f"the database server has no free connection slot ({self.location}); retry",
+                reason="DATABASE_BUSY",
+            ) from exc
         if state in _STORAGE:
             reason, why = _STORAGE[state]
             raise _backend.storage_fault(reason, f"{why} ({self.location})") from exc
@@ -385,6 +384,7 @@ class PostgresBackend(Backend):
         password: str = "",
         busy_timeout_ms: int = 5000,
         max_connections: int = 20,
+        idle_seconds: float = 60.0,
     ) -> None:
         _require_driver()
         # libpq knows postgresql:// and postgres://; Peewee only the first.
@@ -392,9 +392,10 @@ class PostgresBackend(Backend):
         self.location = redacted(dsn)
         self._password = password
         self._busy_timeout_ms = busy_timeout_ms
-        self.db = PooledPsycopg3Database(
+        self.db = Pool(
             self._dsn,
             max_connections=max_connections,
+            idle_seconds=idle_seconds,
             timeout=max(busy_timeout_ms / 1000, 1),
             **self._connect_params(APPLICATION_NAME),
         )
@@ -494,6 +495,7 @@ class PostgresBackend(Backend):
             on_change,
             heartbeat=heartbeat,
             publish=self._notify,
+            pool=self.db,
         )
 
     def _notify(self, payload: str) -> None:
@@ -514,82 +516,3 @@ class PostgresBackend(Backend):
             keepalives_count=3,
             **self._connect_params(LISTENER_NAME),
         )
-
-
-class NotifyListener(ChangeFeed):
-    """LISTENs on a dedicated connection; every cycle ends with a heartbeat.
-
-    After every (re)connect it LISTENs first and only then re-reads every
-    state row: a write that committed in between is seen by the read, the
-    notification, or both, never by neither.
-    """
-
-    polls = False
-    # Generations are drawn before commit: one drawn later may commit first.
-    ordered = False
-
-    def __init__(
-        self,
-        connect: Callable[[], Any],
-        on_change: OnChange,
-        *,
-        heartbeat: float,
-        publish: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(
-            on_change, interval=heartbeat, stale_after=3 * heartbeat, publish=publish, clock=clock
-        )
-        self._connect = connect
-        self._connection: Any = None
-        self._beat = 0.0
-
-    def _open(self) -> bool:
-        if self._connection is not None:
-            return False
-        # The re-read below proves every fence issued before it.
-        with self._caught_up:
-            issued = self._issued
-        connection = self._connect()
-        self._connection = connection
-        connection.execute(f"LISTEN {CHANNEL}")
-        connection.execute(f"LISTEN {EVENTS_CHANNEL}")
-        self.connects += 1
-        if self.connects > 1:
-            # Session events sent while it was away are lost with the
-            # connection: every session rebuilds once.
-            self._resync()
-        with connection.cursor() as cursor:
-            for owner, tier, generation, erased in cursor.stream(
-                f"SELECT owner, tier, generation, erased FROM {STATE_TABLE}"
-            ):
-                self._deliver(owner, tier, int(generation), int(erased))
-        self._proved(issued)
-        self._beat = self._clock()
-        return True
-
-    def _cycle(self) -> bool:
-        # Short waits, so that a stop never waits a whole heartbeat.
-        for note in self._connection.notifies(timeout=min(self.interval, _SLICE)):
-            if note.channel == EVENTS_CHANNEL:
-                self._session_event(note.payload)
-                continue
-            # [owner, tier, generation], and the erased generation after an
-            # erasure (see _erase_sql).
-            owner, tier, generation, *erased = json.loads(note.payload)
-            self._deliver(owner, tier, int(generation), int(erased[0]) if erased else 0)
-        if self._clock() - self._beat < self.interval:
-            return False
-        # The heartbeat: a connection that died quietly fails here.
-        self._connection.execute("SELECT 1")
-        self._beat = self._clock()
-        return True
-
-    def _request_fence(self, ticket: int) -> None:
-        self._send(json.dumps(["fence", self.origin, ticket]))
-
-    def _close(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()

@@ -65,6 +65,12 @@ def session_payload(origin: str, kind: str, agent_id: str, user_id: str, session
     return json.dumps(["session", origin, kind, agent_id, user_id, session])
 
 
+# A failing feed retries for ever, doubling its wait from one interval up to
+# this (or one interval, if longer), and warns at most this often.
+BACKOFF_CAP_SECONDS = 5.0
+_WARN_EVERY_SECONDS = 60.0
+
+
 class ChangeFeed(abc.ABC):
     """A background thread that delivers other processes' writes.
 
@@ -112,6 +118,9 @@ class ChangeFeed(abc.ABC):
         self._caught_up = threading.Condition()
         self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_GENERATIONS)
         self._recent_set: set[int] = set()
+        # Failed cycles in a row: the back-off, and when to warn again.
+        self._streak = 0
+        self._warned = _NEVER
 
     # True: a cycle returns at once and the thread sleeps between cycles.
     # False: a cycle itself blocks until news or the interval has passed.
@@ -164,14 +173,34 @@ class ChangeFeed(abc.ABC):
             alive = self._cycle() or opened
         except Exception as exc:
             self.failures += 1
+            self._streak += 1
             self._last_ok = _NEVER
-            log.warning("change feed failed (%s); caches are checked against the database", exc)
+            # One line per outage (and a reminder a minute), not per retry.
+            if self._streak == 1 or self._clock() - self._warned >= _WARN_EVERY_SECONDS:
+                self._warned = self._clock()
+                log.warning(
+                    "change feed failed (%s); caches are checked against the database"
+                    " until it is back (retrying)",
+                    exc,
+                )
             self._close()
             return
+        if self._streak:
+            log.info("change feed back after %d failed attempts", self._streak)
+            self._streak = 0
         if alive:
             self._last_ok = started
         if self.polls:
             self._proved(issued)
+
+    @property
+    def retry_seconds(self) -> float:
+        """How long to wait before the next cycle after this many failures:
+        one interval, doubling, capped."""
+        if not self._streak:
+            return self.interval
+        cap = max(self.interval, BACKOFF_CAP_SECONDS)
+        return float(min(cap, self.interval * 2 ** min(self._streak - 1, 16)))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -181,7 +210,7 @@ class ChangeFeed(abc.ABC):
             if self.polls or not self.verified:
                 # The poll interval, or a back-off before reconnecting; a stop
                 # or a fence wakes the thread at once.
-                self._wake.wait(self.interval)
+                self._wake.wait(self.retry_seconds)
 
     # --- how far this replica has caught up -------------------------------------
 

@@ -116,6 +116,12 @@ class ServerSettings:
     # How often the PostgreSQL listener proves its connection alive; three
     # silent heartbeats and caches are checked against the database.
     change_heartbeat_ms: int = 1000
+    # Pooled database connections at most (0: one per RPC worker, as many
+    # again with MCP, and 4). On PostgreSQL the change feed's listener takes
+    # one more, and idle ones are closed after db_pool_idle_seconds, so a
+    # replica gives back the slots (max_connections) it no longer uses.
+    db_pool_size: int = 0
+    db_pool_idle_seconds: float = 60.0
     listen: str = "127.0.0.1:50051"
     health_listen: str = ""
     metrics_listen: str = ""

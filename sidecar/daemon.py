@@ -65,9 +65,11 @@ def open_store(config: Config, metrics: Metrics | None = None) -> Store:
         password=server.db_password,
         synchronous=server.durability,
         busy_timeout_ms=server.busy_timeout_ms,
-        # One connection per RPC worker (and per MCP worker thread: as many
-        # again), and a few for start-up and tools.
-        max_connections=server.max_workers * (2 if server.mcp_listen else 1) + 4,
+        # By default one connection per RPC worker (and per MCP worker
+        # thread: as many again), and a few for start-up and tools.
+        max_connections=server.db_pool_size
+        or server.max_workers * (2 if server.mcp_listen else 1) + 4,
+        pool_idle_seconds=server.db_pool_idle_seconds,
         on_query=metrics.db_query if metrics else None,
         expiry_batch=server.expiry_sweep_batch,
     )

@@ -109,4 +109,8 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "db": lambda v: None if v else "must not be empty",
     "change_poll_ms": _between(1, 10_000),
     "change_heartbeat_ms": _between(50, 60_000),
+    "db_pool_size": lambda v: (
+        None if v == 0 or 2 <= v <= 10_000 else "must be 0 (one per worker, and 4) or 2-10000"
+    ),
+    "db_pool_idle_seconds": _between(0.1, 86_400),
 }

@@ -109,6 +109,7 @@ class Store:
         synchronous: str = "normal",
         busy_timeout_ms: int = 5000,
         max_connections: int = 64,
+        pool_idle_seconds: float = 60.0,
         clock: Clock = system_clock,
         on_query: Callable[[str, float], None] | None = None,
         expiry_batch: int = 500,
@@ -123,6 +124,7 @@ class Store:
                 password=password,
                 busy_timeout_ms=busy_timeout_ms,
                 max_connections=max_connections,
+                idle_seconds=pool_idle_seconds,
             )
         else:
             self._backend = _sqlite.SqliteBackend(

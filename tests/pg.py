@@ -40,10 +40,14 @@ _NOT_DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
 
 
 class Cluster:
-    def __init__(self, bin_dir: Path, *, durable: bool = False, port: int = 0) -> None:
+    def __init__(
+        self, bin_dir: Path, *, durable: bool = False, port: int = 0, max_connections: int = 300
+    ) -> None:
         self._bin = bin_dir
         # Also listen on 127.0.0.1:port (the superuser trusted), when given.
         self.port = port
+        # Low for tests of what happens when the server runs out of slots.
+        self._max_connections = max_connections
         # Tests run without fsync; `make bench` with PostgreSQL's defaults.
         self._durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="memory-sidecar-pg-"))
@@ -97,7 +101,7 @@ class Cluster:
                 f"-c listen_addresses='{'127.0.0.1' if self.port else ''}'",
                 *([f"-p {self.port}"] if self.port else []),
                 f"-k {self.root}",
-                "-c max_connections=300",
+                f"-c max_connections={self._max_connections}",
             ]
             + ([] if self._durable else [f"-c {off}=off" for off in _NOT_DURABLE])
         )

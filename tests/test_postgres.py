@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import archive
 from sidecar import config as config_mod
-from sidecar._postgres import LISTENER_NAME, NotifyListener, redacted
+from sidecar._pg_listener import NotifyListener
+from sidecar._postgres import LISTENER_NAME, redacted
 from sidecar.engine import MemoryEngine
 from sidecar.memory import Scope, Tier
 from sidecar.metrics import Metrics
