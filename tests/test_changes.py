@@ -16,7 +16,9 @@ class Flaky(ChangeFeed):
     polls = False
 
     def __init__(self) -> None:
-        super().__init__(lambda *change: None, interval=1.0, stale_after=3.0)
+        super().__init__(
+            lambda *change: None, interval=1.0, stale_after=3.0, publish=lambda payload: None
+        )
         self.down = True
         self.open = False
 
