@@ -17,6 +17,8 @@ process or any other, can never push a tier over its budget together.
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +53,11 @@ from sidecar.index_store import IndexStore
 from sidecar.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.schema import _Row
 from sidecar.vector_store import Vector, VectorStore
+
+log = logging.getLogger(__name__)
+
+# How long close() waits for connections other threads still use.
+CLOSE_WAIT_SECONDS = 5.0
 
 # How long AddMemory remembers an idempotency key.
 IDEMPOTENCY_TTL_MICROS = 24 * 3600 * 1_000_000
@@ -168,9 +175,25 @@ class Store:
             self.close()  # a store that failed to open holds no connection
             raise
 
-    def close(self) -> None:
-        """Close every pooled connection (the last close checkpoints the WAL)."""
+    def close(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Close every pooled connection (the last close checkpoints the WAL).
+
+        Connections another thread still uses (a call past the server's
+        grace, a stream finishing its read) are waited for, up to `wait`
+        seconds: closing one under a running statement frees the driver's
+        connection beneath it, which crashed the process (a segfault in
+        libpq, seen with a WatchMemories read during shutdown)."""
+        deadline = time.monotonic() + wait
+        while (busy := self._borrowed()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if busy:
+            log.warning("closing the store while %d connections are still in use", busy)
         self._db.close_all()
+
+    def _borrowed(self) -> int:
+        """Connections handed out to other threads than this one."""
+        mine = 0 if self._db.is_closed() else 1
+        return max(0, len(getattr(self._db, "_in_use", ())) - mine)
 
     def page_token_key(self) -> bytes:
         """The key page tokens are signed with: random, made once per
