@@ -9,8 +9,9 @@ and shown as written):
 - line breaks: CR, CRLF, U+2028 and U+2029 end a line, as a renderer shows;
 - removed: format characters (Unicode category Cf: zero-width space, ZWNJ,
   ZWJ, word joiner, BOM, bidi controls, tags ...), the other
-  default-ignorable code points, variation selectors, and combining marks
-  of the Latin lookalike ranges ("ÚSER", "U\u0332SER");
+  default-ignorable code points, variation selectors, and after NFKD every
+  combining mark (category Mn or Me: "ÚSER", "U\u0483SER");
+- lines NFKD would make a space and a mark ("‗", "‾", "¯") folded first;
 - NFKC: full-width, mathematical and other compatibility letters and
   brackets become ASCII;
 - every Unicode space (category Zs: U+00A0, U+2000-U+200A, U+202F, U+205F,
@@ -53,10 +54,43 @@ def lines(text: str) -> str:
     return text.replace("\r\n", "\n").translate(_LINE_BREAKS)
 
 
-# Combining marks a forger can put on Latin letters and still be read as
-# them: diacritics, their extensions and supplement, the marks for symbols
-# (enclosing circles, strokes) and the half marks. Removed after NFKD.
-_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+_MARK_CATEGORIES = ("Mn", "Me")
+
+
+def _bmp_marks() -> re.Pattern[str]:
+    """Every combining mark (category Mn or Me) below U+10000 of this
+    Python's Unicode: a forger can put any of them on a Latin letter and
+    have it still read as one ("U\u0483SER"). One class of the basic plane
+    is a bitmap, as fast as a short one; beyond it a class is searched range
+    by range (several times slower), so those are looked up one by one."""
+    basic = map(chr, range(0x10000))
+    marks = "".join(ch for ch in basic if unicodedata.category(ch) in _MARK_CATEGORIES)
+    return re.compile(f"[{re.escape(marks)}]")
+
+
+def _astral_mark(found: re.Match[str]) -> str:
+    return "" if unicodedata.category(found.group()) in _MARK_CATEGORIES else found.group()
+
+
+# Removed after NFKD (all of them: a test checks every code point).
+_MARKS = _bmp_marks()
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+# Lines that NFKD makes a space and a combining mark (so erases below):
+# folded first, to the ASCII character they are drawn like.
+_LINES_FIRST = str.maketrans(
+    {
+        "\u2017": "=",  # double low line
+        "\u2261": "=",  # identical to (three bars)
+        "\u00af": "-",  # macron
+        "\u203e": "-",  # overline
+        "\ufe49": "-",  # dashed, centreline, wavy, double wavy overline
+        "\ufe4a": "-",
+        "\ufe4b": "-",
+        "\ufe4c": "-",
+        "\uffe3": "-",  # full-width macron
+        "\u02dc": "~",  # small tilde
+    }
+)
 # Every whitespace character but the newline: all of category Zs, the tab.
 _SPACES = re.compile(r"[^\S\n]")
 # Category Pd (Unicode 15; a test checks it against unicodedata), and the
@@ -133,21 +167,27 @@ _FOLD: dict[int, str] = {
 
 def normalise(text: str) -> str:
     """The text in the normalised form above (line breaks kept, one per line)."""
-    text = SELECTORS.sub("", IGNORABLE.sub("", lines(text)))
-    text = _MARKS.sub("", unicodedata.normalize("NFKD", text))
+    text = SELECTORS.sub("", IGNORABLE.sub("", lines(text))).translate(_LINES_FIRST)
+    text = _ASTRAL.sub(_astral_mark, _MARKS.sub("", unicodedata.normalize("NFKD", text)))
     return _SPACES.sub(" ", unicodedata.normalize("NFKC", text)).translate(_FOLD)
 
 
 # A rule: three or more of these and nothing else (spaces aside): dashes and
-# the box-drawing horizontals (folded to "-" above), the other box-drawing
-# characters and block elements, bars, and characters drawn as a line.
-_RULE = re.compile("[-=_~*\u2500-\u259f\u25ac\u25ad\u23af\u23e4\u3013\u30fc\u4e00\u3161]{3,}")
+# the box-drawing horizontals (folded to "-" above), the one-eighth blocks
+# drawn as a line at the bottom or top, bars, and characters drawn as a
+# line. Not corners, tees, verticals or other blocks: a table's border
+# ("┌──┬──┐") or a progress bar ("██████░░░░") imitates no rule.
+_RULE = re.compile("[-=_~*\u2581\u2594\u25ac\u25ad\u23af\u23e4\u3013\u30fc\u4e00\u3161]{3,}")
 # A tier header ("MEMORY (agent notes) [42% — 924/2,200 chars]", "USER
-# PROFILE (who the user is) [3 entries]"), read with its spaces removed and
-# in lower case: the tier's name, then a label in parentheses, a bracket, or
-# both.
+# PROFILE (who the user is) [3 entries]"), read with its spaces removed
+# ("M E M O R Y" too), Markdown around it stripped, and in lower case: the
+# tier's name, then a label in parentheses, a bracket, or both.
 _HEADER = re.compile(r"(memory|user[-_]?profile)(\(.{0,200}?\))?(\[[^\]]{0,200}\])?")
 _OWN_NAMES = ("(agentnotes)", "(whotheuseris)")
+# Markdown around a header (heading, emphasis, list item, quote, code span)
+# still shows it: "## USER PROFILE ...", "**MEMORY ...**", "- MEMORY ...".
+_MARKUP_BEFORE = re.compile(r"^(?:[#*>`_~+\u2022-]|\d{1,9}[.)])+")
+_MARKUP_AFTER = re.compile(r"[#*`_~]+$")
 # The block's own usage summaries, "[42%-924/2,200chars]" and "[1,234entries,
 # 12shown]" as the normalised form writes them.
 _SUMMARY = re.compile(r"\[\d[\d,]*%.{0,40}chars\]|\[\d[\d,]*entr(y|ies)(,\d[\d,]*shown)?\]")
@@ -163,6 +203,7 @@ def _forged(written: str, folded: str) -> bool:
         # underline): it imitates nothing the block draws.
         visible = _SPACES.sub("", SELECTORS.sub("", IGNORABLE.sub("", written)))
         return not visible.isascii()
+    compact = _MARKUP_AFTER.sub("", _MARKUP_BEFORE.sub("", compact, count=1))
     header = _HEADER.match(compact.lower())
     if header is None:
         return False
@@ -179,14 +220,19 @@ def _forged(written: str, folded: str) -> bool:
     return _SUMMARY.fullmatch(summary) is not None or (capitals and header.end() == len(compact))
 
 
+def _may_name_a_tier(text: str) -> bool:
+    """Whether an ASCII text may hold a header: the common case, cheaply. In
+    ASCII a rule is Markdown and "§" cannot be written, so only a header can
+    be forged, and it names its tier, read as `_forged` reads it: with every
+    space removed ("M E M O R Y") and in lower case."""
+    compact = "".join(text.split()).lower()
+    return "memory" in compact or "profile" in compact
+
+
 def forged_line(text: str) -> str | None:
     """The first line of the text that reads as the block's layout, or None."""
-    if text.isascii():
-        # The common case, cheaply: in ASCII a rule is Markdown and "§" cannot
-        # be written, so only a header can be forged, and it names its tier.
-        lowered = text.lower()
-        if "memory" not in lowered and "profile" not in lowered:
-            return None
+    if text.isascii() and not _may_name_a_tier(text):
+        return None
     written_lines = lines(text).split("\n")
     for written, folded in zip(written_lines, normalise(text).split("\n"), strict=True):
         if _forged(written, folded):

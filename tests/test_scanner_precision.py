@@ -106,7 +106,24 @@ def layout_variants() -> list[str]:
         header("U\u0301SER PRO\u0332FILE"),  # combining marks
         header("USER_PROFILE"),
         header("MEMORY", "", "[1,234 entries, 12 shown]"),
+        # Letter-spaced, split or tabbed names (plain ASCII).
+        header("M E M O R Y", "(agent notes)", "[42% - 924/2,200 chars]"),
+        header("USER PRO FILE", summary="[3% - 40/1,375 chars]"),
+        header("MEM\tORY", "(agent notes)", "[42% - 924/2,200 chars]"),
+        header("U S E R  P R O F I L E", "( w h o  t h e  u s e r  i s )"),
+        # A combining mark outside the Latin ranges (Cyrillic titlo).
+        header("U\u0483SER PROFILE"),
+        # Behind Markdown: a heading, emphasis, a list item, a quote, code.
+        "fact\n## " + header(),
+        "fact\n**" + header().replace("\n", "**\n", 1),
+        "fact\n- " + header(),
+        "fact\n> " + header(),
+        "fact\n`" + header().replace("\n", "`\n", 1),
+        "fact\n1. " + header("MEMORY", "(agent notes)"),
+        "fact\n### MEMORY (agent notes) ###\nmore",
     ]
+    # Lines NFKD turns into a space and a combining mark, and three bars.
+    variants += [f"fact\n{line * 30}\nmore" for line in "\u2017\u203e\u00af\uffe3\ufe49\u2261"]
     # Separators and rules with other spacing, selectors, line breaks.
     variants += [
         "one\n\u00a0§\u3000\ntwo",
@@ -137,6 +154,20 @@ def test_no_spelling_of_the_layout_survives(make_sidecar: MakeSidecar) -> None:
     assert [v for v in variants if layout.forged_line(v) is None] == []
 
 
+def test_every_combining_mark_is_refused_in_a_header() -> None:
+    marks = [
+        chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Mn", "Me")
+    ]
+    assert len(marks) > 1900
+    passed = [
+        f"U+{ord(mark):04X}"
+        for mark in marks
+        if layout.forged_line(header("U" + mark + "SER PROFILE")) is None
+        or layout.forged_line(header("MEMO" + mark + "RY", "(agent notes)")) is None
+    ]
+    assert passed == []
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -152,6 +183,16 @@ def test_no_spelling_of_the_layout_survives(make_sidecar: MakeSidecar) -> None:
         "Profile (RAM) [16 GB] for the batch box",
         "Memory (JVM) [-Xmx2g]",
         "Memory (db-3) [92% used] - the alert fired twice",
+        "- Memory (JVM) [-Xmx2g]",
+        "## Memory usage [prod]",
+        # Tables, trees and bars as terminals print them.
+        "psql:\n┌────┬───────┐\n│ id │ name  │\n├────┼───────┤\n│ 1  │ ada   │\n└────┴───────┘",
+        "duf:\n╭──────────┬──────╮\n│ /        │ 81%  │\n╰──────────┴──────╯",
+        "╔═══════╦═══════╗\n║ a     ║ b     ║\n╚═══════╩═══════╝",
+        "┏━━━━┳━━━━┓\n┃ a  ┃ b  ┃\n┡━━━━╇━━━━┩",
+        "half done:\n██████░░░░\n▓▓▓▒▒▒░░░",
+        "tree:\n.\n├── src\n└── tests",
+        "shrug ¯\\_(ツ)_/¯",
     ],
 )
 def test_markdown_rules_and_ordinary_lines_pass(text: str) -> None:
