@@ -8,10 +8,13 @@ that (sidecar._backend), and restore() replays them: the index plus the log
 is the tier as of now. An index comes from the database, so it is checked
 like input: one of another format, made by another tokeniser (tokenizer())
 or inconsistent is refused, and the engine indexes the rows instead
-(from_rows). Before anything is read out of it, each member's declared size
-is checked against what the partition can hold (_members): a member that
-declares 400M integers in a few compressed bytes is refused, never
-allocated. persist() saves one through the store.
+(from_rows): a damaged one with ValueError, one another version of the
+sidecar wrote (another format or tokeniser) with ForeignIndex, which is
+left in place for that version (sidecar.indexer). Before anything is read
+out of it, each member's declared size is checked against what the
+partition can hold (_members): a member that declares 400M integers in a
+few compressed bytes is refused, never allocated. persist() saves one
+through the store.
 
 It touches the database only through the Store it is handed, decides
 nothing about when to persist (the engine does) and never ranks.
@@ -47,6 +50,12 @@ from sidecar.store import Store
 
 # The persisted index's layout; another is not read (the tier is indexed again).
 FORMAT = 1
+
+
+class ForeignIndex(ValueError):
+    """The index is of another format or tokeniser: another version of the
+    sidecar wrote it, and may still use it (a rollout), so it is not dropped
+    as damaged."""
 
 
 def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> CompactPartition:
@@ -221,23 +230,32 @@ def _members(source: IndexSource) -> dict[str, npt.NDArray[Any]]:
         archive = zipfile.ZipFile(io.BytesIO(source.data))
         with archive:
             infos = archive.infolist()
-            names = sorted(info.filename.removesuffix(".npy") for info in infos)
-            if names != sorted(_LAYOUT) or any(not i.filename.endswith(".npy") for i in infos):
-                raise ValueError(f"unexpected members {names}")
             declared = sum(info.file_size for info in infos)
             if declared > budget:
                 raise ValueError(f"its members declare {declared} bytes in {budget}")
+            # The format first: another version's index may have other members.
+            version = next((i for i in infos if i.filename == "version.npy"), None)
+            if version is not None:
+                _check_format(_read(archive, version, budget))
+            names = sorted(info.filename.removesuffix(".npy") for info in infos)
+            if names != sorted(_LAYOUT) or any(not i.filename.endswith(".npy") for i in infos):
+                raise ValueError(f"unexpected members {names}")
             out = {}
             for info in infos:
                 name = info.filename.removesuffix(".npy")
-                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                    raise ValueError(f"{name} is compressed with method {info.compress_type}")
-                limit = rows if name in _PER_ENTRY else budget
-                with archive.open(info) as member:
-                    out[name] = _array(name, member, info.file_size, limit)
+                out[name] = _read(archive, info, rows if name in _PER_ENTRY else budget)
             return out
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as exc:
         raise ValueError(f"not an index archive: {exc}") from None
+
+
+def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> npt.NDArray[Any]:
+    """One member's array, of at most `limit` elements."""
+    name = info.filename.removesuffix(".npy")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(f"{name} is compressed with method {info.compress_type}")
+    with archive.open(info) as member:
+        return _array(name, member, info.file_size, limit)
 
 
 def _array(name: str, member: IO[bytes], size: int, limit: int) -> npt.NDArray[Any]:
@@ -290,16 +308,25 @@ def _check(saved: dict[str, npt.NDArray[Any]]) -> None:
     for name, dtype in _LAYOUT.items():
         if a[name].dtype != dtype or a[name].ndim != 1:
             raise ValueError(f"{name} is {a[name].dtype}[{a[name].ndim}]")
-    if a["version"].tolist() != [FORMAT]:
-        raise ValueError(f"format {a['version'].tolist()}, not {FORMAT}")
+    _check_format(a["version"])
     if a["tokenizer"].tobytes().decode(errors="replace") != tokenizer():
-        raise ValueError("made by a different tokeniser")
+        raise ForeignIndex("made by a different tokeniser")
     size, words, pairs = len(a["seq"]), len(a["hashes"]), len(a["positions"])
-    names = len(json.loads(a["categories"].tobytes().decode()))
     offsets, bounds = a["offsets"], a["bounds"]
+    # Lengths first: the checks below index the arrays (an IndexError would
+    # not say the index is damaged).
+    if any(len(a[n]) != size for n in ("confidence", "recency", "category")) or any(
+        len(x) != n for x, n in ((offsets, words + 1), (bounds, words + 1), (a["counts"], pairs))
+    ):
+        raise ValueError("inconsistent (lengths)")
+    try:
+        categories = json.loads(a["categories"].tobytes().decode())
+    except RecursionError:
+        raise ValueError("inconsistent (categories)") from None
+    if not isinstance(categories, list) or not all(isinstance(c, str) for c in categories):
+        raise ValueError("inconsistent (categories)")
+    names = len(categories)
     problems = [
-        any(len(a[n]) != size for n in ("confidence", "recency", "category")),
-        len(offsets) != words + 1 or len(bounds) != words + 1 or len(a["counts"]) != pairs,
         bool(np.any(np.diff(a["seq"]) <= 0)) or bool(np.any(np.diff(a["hashes"]) < 0)),
         offsets[0] != 0 or offsets[-1] != pairs or bool(np.any(np.diff(offsets) < 0)),
         bounds[0] != 0 or bounds[-1] != len(a["text"]) or bool(np.any(np.diff(bounds) < 0)),
@@ -309,6 +336,12 @@ def _check(saved: dict[str, npt.NDArray[Any]]) -> None:
     ]
     if any(problems):
         raise ValueError(f"inconsistent (check {problems.index(True)})")
+
+
+def _check_format(version: npt.NDArray[Any]) -> None:
+    """Raise ForeignIndex unless the index's version member is FORMAT."""
+    if version.tolist() != [FORMAT]:
+        raise ForeignIndex(f"format {version.tolist()}, not {FORMAT}")
 
 
 # An index is written in parts of at most this many bytes (a row each:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from sidecar import compact_index
 from sidecar.compact import CompactPartition
 from sidecar.errors import SidecarError
+from sidecar.index_store import IndexSource
 from sidecar.memory import Tier
 from sidecar.store import Store
 
@@ -50,14 +51,22 @@ class Indexer:
 
     def load(self, tier: Tier, owner: str) -> CompactPartition:
         """A large partition: from its persisted index and the writes logged
-        since, or, without a usable one, from its rows (an unusable one is
-        dropped, so that the index saved next replaces it)."""
+        since, or, without a usable one, from its rows. A damaged index is
+        dropped, so that the index saved next replaces it; one that is only
+        not this version's (another tokeniser or format: a rollout runs two
+        versions on one database), or not read for a reason that says
+        nothing about it (memory, the database), is left in place: dropping
+        it, each version would drop the other's at every load."""
         source = self._store.indexes.source(tier, owner)
         if source.data:
             try:
                 restored = compact_index.restore(tier, owner, source, self._store.memories_by_seq)
-            except Exception as exc:  # anything in the bytes: index the rows instead
+            except compact_index.ForeignIndex as exc:
+                return self._beside(source, tier, owner, f"is not this version's ({exc})")
+            except ValueError as exc:  # damaged: index the rows instead
                 log.warning("the compact index of %s/%s is unusable (%s)", owner, tier.value, exc)
+            except Exception as exc:  # nothing known against the index
+                return self._beside(source, tier, owner, f"could not be read ({exc!r})")
             else:
                 if restored.count == source.usage.entry_count:
                     return restored
@@ -78,6 +87,20 @@ class Indexer:
         # is read can then be completed, however the tier is written meanwhile.
         self._bookkeeping(self._store.indexes.start_logging, tier, owner)
         return compact_index.from_rows(self._store, tier, owner)
+
+    def _beside(self, source: IndexSource, tier: Tier, owner: str, why: str) -> CompactPartition:
+        """The partition from its rows, its persisted index kept. Its changes
+        are logged already (the index is current), and the store takes an
+        index of this generation only once it is newer than that one: the
+        storage counts as indexed as of it, so that the index of the rows is
+        saved once it lacks as many writes as a restored one would."""
+        log.warning("the compact index of %s/%s %s: indexing the rows", owner, tier.value, why)
+        partition = compact_index.from_rows(self._store, tier, owner)
+        storage = partition.storage
+        with storage.lock:
+            if not storage.indexed:
+                storage.indexed, storage.indexed_ops = source.indexed, partition.ops
+        return partition
 
     def held_in_full(self, tier: Tier, owner: str) -> None:
         """The tier is held in full now (it shrank, or the threshold rose):

@@ -225,8 +225,12 @@ class Semantic:
                 )
                 with self._queries_lock:
                     self._queries.clear()
-                self._due.set()
             self.dimension = int(vectors.shape[1])
+            # Also when first learnt: a backfill pass that began without it
+            # looked only for entries without any vector, so those of
+            # another dimension before its cursor are left; the next pass,
+            # now, replaces them.
+            self._due.set()
         if self._pause.succeeded():
             log.info("embedding again")
         return vectors

@@ -30,10 +30,20 @@ from tests.test_compact import START, Twin
         lambda a: a.update(seq=a["seq"][::-1].copy()),
         lambda a: a.update(offsets=a["offsets"][:-1].copy()),
         lambda a: a.pop("hashes"),
+        lambda a: a.update(offsets=np.zeros(0, dtype=np.int64)),
+        lambda a: a.update(categories=np.frombuffer(b"[" * 100_000, dtype=np.uint8)),
+        lambda a: a.update(categories=np.frombuffer(b"7", dtype=np.uint8)),
     ],
-    ids=["positions", "counts", "tokenizer", "version", "seq order", "offsets", "member"],
-)
-def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, object]], None]) -> None:
+    ids=[
+        "positions", "counts", "tokenizer", "version", "seq order", "offsets", "member",
+        "no offsets", "deep categories", "categories",
+    ],
+)  # fmt: skip
+def test_a_damaged_or_foreign_index_is_refused(
+    damage: Callable[[dict[str, object]], None], request: pytest.FixtureRequest
+) -> None:
+    """Damage raises ValueError, an index another version made (its
+    tokeniser or format) ForeignIndex: sidecar.indexer drops only the first."""
     memories = [
         Memory(f"m{k}", Tier.MEMORY, f"note {k} on deploys", "", 1.0, START, START, seq=k)
         for k in range(1, 30)
@@ -47,8 +57,10 @@ def test_a_damaged_or_foreign_index_is_refused(damage: Callable[[dict[str, objec
     source = IndexSource(
         buffer.getvalue(), 1, [], [], Usage.of(len(m.content) for m in memories), 1, 0
     )
-    with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent"):
+    with pytest.raises(ValueError, match=r"unexpected|tokeniser|format|inconsistent") as raised:
         compact_index.restore(Tier.MEMORY, "a", source, twin._fetch)
+    foreign = request.node.callspec.id in ("tokenizer", "version")
+    assert isinstance(raised.value, compact_index.ForeignIndex) == foreign
 
 
 @pytest.mark.parametrize(("entries", "logged"), [(28, 0), (20, 8)])

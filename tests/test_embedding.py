@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sidecar import embedding
 from sidecar.embedding import (
     MODEL_SHA256,
     EncoderError,
@@ -25,7 +27,9 @@ from sidecar.embedding import (
     encoder_missing,
 )
 from sidecar.llm import ModelError
+from tests.conftest import MakeSidecar
 from tests.endpoint import JsonEndpoint
+from tests.test_semantic import NOTES, add_notes, fallbacks, search
 
 # -------------------------------------------------------------------- local
 
@@ -350,3 +354,61 @@ def test_the_deadline_bounds_the_whole_call(endpoint: EmbeddingServer) -> None:
         encoder.encode(["x"])
     assert caught.value.reason == "timeout"
     assert endpoint.cut_off.wait(10)  # the encoder hung up before the end
+
+
+@dataclass
+class SameVector(JsonEndpoint):
+    """One vector for every text: were it used, every entry would be a
+    semantic match of every query."""
+
+    def answer(self, body: dict[str, Any]) -> bytes:
+        data = [
+            {"object": "embedding", "index": i, "embedding": [1.0, 0.0, 0.0]}
+            for i in range(len(body["input"]))
+        ]
+        return json.dumps({"object": "list", "data": data}).encode()
+
+
+def test_a_reply_read_whole_after_the_deadline_is_not_parsed(
+    make_sidecar: MakeSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport's own timer ends a reply that is late; if that timer
+    fires late itself (a busy machine), the reply is read whole after the
+    deadline: it is not parsed, and the call is the encoder's timeout."""
+    real_post, real_parse = embedding.post_json, embedding._parse_embeddings
+    parsed: list[int] = []
+
+    def late_timer(*args: Any, timeout_seconds: float, **kwargs: Any) -> bytes:
+        return real_post(*args, timeout_seconds=timeout_seconds + 30, **kwargs)
+
+    def counted(raw: bytes, count: int, *args: Any) -> np.ndarray:
+        parsed.append(count)
+        return real_parse(raw, count, *args)
+
+    monkeypatch.setattr(embedding, "post_json", late_timer)
+    monkeypatch.setattr(embedding, "_parse_embeddings", counted)
+    lexical = make_sidecar(name="lexical.db")
+    add_notes(lexical)
+    endpoint = SameVector()
+    with endpoint.serving():
+        running = make_sidecar(
+            f"server: {{semantic_encoder: endpoint, semantic_base_url: '{endpoint.url}',"
+            " semantic_model: m, semantic_timeout_seconds: 0.3}"
+        )
+        add_notes(running)
+        semantic = running.sidecar.engine.semantic
+        assert semantic is not None
+        # A write that missed 0.3 s on a busy machine is backfilled; once
+        # all are embedded the encoder is not paused.
+        deadline = time.monotonic() + 30
+        while running.store.vectors.unembedded(semantic.model, 0, 1):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before, asked = fallbacks(running), len(parsed)
+        endpoint.delay = 1.0
+        hits = search(running, "sushi")
+    assert [h.memory.content for h in hits] == [h.memory.content for h in search(lexical, "sushi")]
+    assert [h.memory.content for h in hits] == [NOTES[0]]
+    added = {k: n - before.get(k, 0) for k, n in fallbacks(running).items() if n != before.get(k)}
+    assert added == {("query", "timeout"): 1}
+    assert len(parsed) == asked  # the late reply was never parsed

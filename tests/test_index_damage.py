@@ -1,6 +1,7 @@
 """A persisted compact index that is hostile or damaged (sidecar.compact_index,
 sidecar.indexer): refused without allocating what it declares, and replaced
-by the index of the rows, so the next start loads a valid one.
+by the index of the rows, so the next start loads a valid one. One another
+version made (its tokeniser or format) is not used, but left in place.
 
 Random damage of many kinds is in tests/test_compact_index.py; these load
 through a real daemon on both backends.
@@ -12,10 +13,12 @@ import io
 import logging
 import tracemalloc
 import zipfile
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+from sidecar import compact_index
 from sidecar.compact import CompactPartition
 from sidecar.memory import Tier
 from tests.conftest import MakeSidecar, Running
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.contract
 
 CONFIG = "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: %d}"
 KEY = (Tier.MEMORY, "agent")
+FORMAT = compact_index.FORMAT
 # 100M int32 declared: 400 MB if allocated, a few hundred KB compressed.
 DECLARED = 100_000_000
 
@@ -135,3 +139,67 @@ def test_an_unusable_index_is_replaced_though_the_tier_is_not_written(
     assert isinstance(loaded, CompactPartition)
     assert loaded.storage.indexed == indexed
     assert not third.sidecar.engine.indexing()
+
+
+def _altered(index: bytes, change: Callable[[dict[str, np.ndarray]], None]) -> bytes:
+    with np.load(io.BytesIO(index), allow_pickle=False) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    change(arrays)
+    out = io.BytesIO()
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def _out_of_memory(*_: object) -> CompactPartition:
+    raise MemoryError
+
+
+@pytest.mark.parametrize(
+    ("change", "kept"),
+    [
+        (lambda a: a.update(tokenizer=np.frombuffer(b"another", dtype=np.uint8)), True),
+        # A later format, with members this one does not know.
+        (lambda a: a.update(version=np.array([FORMAT + 1]), novel=np.zeros(3)), True),
+        (None, True),  # reading it ran out of memory: nothing said against it
+        (lambda a: a.update(positions=a["positions"] + 1000), False),
+        (lambda a: a.update(offsets=np.zeros(0, dtype=np.int64)), False),
+    ],
+    ids=["tokeniser", "format", "memory", "positions", "offsets"],
+)
+def test_an_index_another_version_made_is_left_in_place_and_a_damaged_one_dropped(
+    make_sidecar: MakeSidecar,
+    monkeypatch: pytest.MonkeyPatch,
+    change: Callable[[dict[str, np.ndarray]], None] | None,
+    kept: bool,
+) -> None:
+    """Two versions on one database (a rollout): each indexes the rows
+    when the other's index is not one it can use, and leaves it there;
+    dropping it, each would drop the other's at every load."""
+    first, indexed = _indexed(make_sidecar, "foreign.db")
+    expected = _observed(first)
+    data = first.store.indexes.source(*KEY).data
+    saves: list[int] = []
+    persist = compact_index.persist
+
+    def counted(store: object, partition: CompactPartition) -> bool:
+        saves.append(partition.generation)
+        return persist(store, partition)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compact_index, "persist", counted)
+    if change is None:
+        monkeypatch.setattr(compact_index, "restore", _out_of_memory)
+    else:
+        data = _altered(data, change)
+        _replace_index(first, data)
+
+    second = make_sidecar(CONFIG % 10, name="foreign.db")
+    assert _observed(second) == expected
+    assert isinstance(second.sidecar.engine.partitions.cached(KEY), CompactPartition)
+    _wait_indexed(second)
+    source = second.store.indexes.source(*KEY)
+    assert source.indexed == indexed
+    assert (source.data == data) == kept
+    # Not saved over either, until the tier is written (a save at the
+    # same generation would be refused anyway); a damaged one is replaced.
+    assert saves == ([] if kept else [indexed])
+    assert _state(second) == (indexed, 0)

@@ -191,3 +191,30 @@ def test_a_daemon_asking_an_enormous_endpoint_answers_with_keywords(
     assert counted[("write", "bad_reply")] >= 1
     assert counted.get(("query", "bad_reply"), 0) + counted.get(("query", "paused"), 0) >= 1
     assert _vector_sizes(running) == {}
+
+
+def test_the_pass_that_learns_a_new_dimension_replaces_the_old_one_s_vectors(
+    make_sidecar: MakeSidecar, encoder: LocalEncoder
+) -> None:
+    """A start's first backfill pass, knowing no dimension yet, looks for
+    entries without any vector: the one it finds (written last) tells it
+    the new dimension. The old-dimension vectors before it are replaced
+    at once too, without a call, not at the next periodic pass."""
+    endpoint = SwappedModel(encoder=encoder)
+    with endpoint.serving():
+        first = make_sidecar(_yaml(endpoint.url), name="learnt.db")
+        add_notes(first)
+        _wait_embedded(first, 384, len(NOTES))
+        first.sidecar.stop(grace=1)
+        # Written by a daemon without the encoder: stored without a vector.
+        lexical = make_sidecar(name="learnt.db")
+        lexical.add("Tea is served at four", scope=SCOPE)
+        lexical.sidecar.stop(grace=1)
+
+        endpoint.dimension = 512
+        second = make_sidecar(_yaml(endpoint.url), name="learnt.db")
+        _wait_embedded(second, 512, len(NOTES) + 1)
+        semantic = second.sidecar.engine.semantic
+        assert semantic is not None
+        assert semantic.dimension == 512
+    assert fallbacks(second) == {}
