@@ -15,9 +15,9 @@ Many replicas share one database. What keeps them correct:
 Owns: PostgreSQL's connection parameters (the pool is sidecar._pgpool), DSN
 redaction, the schema steps (4 at once, then 5 to 9), the migration lock, the
 notifications it sends (writes; session events and fences), the generation
-sequence, and starting the listener. Must not touch: SQLite, caches, the engine, gRPC; the password is
-an argument (sidecar.config reads it). Only sidecar.store imports this module,
-inside a function.
+sequence, and starting the listener. Must not touch: SQLite, caches, the
+engine, gRPC; the password is an argument (sidecar.config reads it). Only
+sidecar.store imports this module, inside a function.
 """
 
 from __future__ import annotations
