@@ -28,6 +28,11 @@ EVENTS_CHANNEL = "memory_sidecar_events"
 _SLICE = 0.1
 
 
+def _cause_out_of_slots(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return cause is not None and out_of_slots(cause)
+
+
 class NotifyListener(ChangeFeed):
     """LISTENs on a dedicated connection; every cycle ends with a heartbeat.
 
@@ -69,14 +74,24 @@ class NotifyListener(ChangeFeed):
         try:
             connection = self._connect()
         except Exception as exc:
-            if self._pool is None or not out_of_slots(exc):
+            # The backend's connect turns the driver's refusal into
+            # DATABASE_BUSY, keeping it as the cause.
+            if self._pool is None or not (out_of_slots(exc) or _cause_out_of_slots(exc)):
                 raise
             # Without the listener every call checks the database, so it
             # comes before the pool's spare connections: give them back,
             # grow no more, and try again at once (the feed backs off if
             # another process took the slots first).
             self._pool.make_room()
-            connection = self._connect()
+            try:
+                connection = self._connect()
+            except Exception:
+                if self._thread is None or not self._thread.is_alive():
+                    # start() failing: no thread will connect and release
+                    # the hold, and a held pool would fail every later
+                    # start-up attempt (DATABASE_BUSY) for good.
+                    self._pool.release()
+                raise
         if self._pool is not None:
             self._pool.release()
         self._connection = connection

@@ -505,6 +505,12 @@ class PostgresBackend(Backend):
             self.db.execute_sql("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, payload))
 
     def _listener_connection(self, heartbeat: float) -> Any:
+        # Errors as the pool's: DATABASE_BUSY for no free slot, DatabaseRefused
+        # for a refused login (start-up waits on the one, not the other).
+        with self.guard():
+            return self._listener_connect(heartbeat)
+
+    def _listener_connect(self, heartbeat: float) -> Any:
         return psycopg.connect(
             self._dsn,
             autocommit=True,

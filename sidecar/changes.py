@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
-from sidecar.errors import Unavailable
+from sidecar.errors import SidecarError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class ChangeFeed(abc.ABC):
         # Set by a fence: the poll that sleeps between cycles runs at once.
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # start() and stop() agree on whether the thread runs.
+        self._life = threading.Lock()
         # Seen by metrics and tests.
         self.failures = 0
         self.connects = 0
@@ -140,23 +142,39 @@ class ChangeFeed(abc.ABC):
         return self._last_ok + self._stale_after - self._clock()
 
     def start(self) -> None:
-        """Connect in the caller's thread (so start-up fails loudly), then run."""
+        """Connect in the caller's thread (so start-up fails loudly), then run.
+
+        A SidecarError keeps its class and reason (DATABASE_BUSY for no free
+        slot is retried at start-up, a refused login is not); anything else
+        is DATABASE_UNAVAILABLE. Refused once stopped: a start-up attempt
+        left behind by a stop must not leave a connection open."""
+        if self._stop.is_set():
+            raise Unavailable("the change feed was stopped", reason="DATABASE_UNAVAILABLE")
         try:
             self._open()
+        except SidecarError:
+            self._close()
+            raise
         except Exception as exc:
             self._close()
             raise Unavailable(
                 f"cannot start the change feed: {exc}", reason="DATABASE_UNAVAILABLE"
             ) from exc
-        self._last_ok = self._clock()
-        self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
-        self._thread.start()
+        with self._life:
+            if self._stop.is_set():  # stopped while it connected
+                self._close()
+                raise Unavailable("the change feed was stopped", reason="DATABASE_UNAVAILABLE")
+            self._last_ok = self._clock()
+            self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.interval + 5)
+        with self._life:
+            self._stop.set()
+            self._wake.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=self.interval + 5)
         self._close()
 
     def run_once(self) -> None:

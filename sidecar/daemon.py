@@ -90,28 +90,37 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
 
     metrics = Metrics()
     store = open_store(config, metrics)
-    # Built at the first attempt that fails for a reason worth waiting on:
-    # a database that opens at once (an SQLite file) starts as before, and
-    # an error that lasts is one line, before anything else is logged.
-    waiter: list[Sidecar] = []
+    # Built before the first attempt, since connect() is part of every
+    # attempt; it binds its listeners only once an attempt has failed for a
+    # reason worth waiting on (a database that opens at once starts as
+    # before, and an error that lasts is one line, with nothing bound).
+    sidecar = Sidecar(config, store, metrics=metrics)
+    listening: list[bool] = []
     versions: list[int] = []
 
     def attempt() -> None:
+        # Open and connect (the page key, the change feed) together: either
+        # may meet a passing failure (no free slot for the feed's listener,
+        # an outage between the two), and both are retried.
         versions.append(store.open())
-        if waiter:
-            waiter[0].connect()
+        sidecar.connect()
+
+    def listen() -> None:
+        if not listening:
+            listening.append(True)
+            found = sidecar.listen()
+            log.info(
+                "listening api=%s health=%s metrics=%s mcp=%s;"
+                " NOT_SERVING until the database is ready",
+                found.api,
+                found.health or "-",
+                found.metrics or "-",
+                found.mcp or "-",
+            )
 
     def waiting(why: str) -> None:
-        if not waiter:
-            waiter.append(Sidecar(config, store, metrics=metrics))
-            listening = waiter[0].listen()
-            log.info(
-                "listening api=%s health=%s metrics=%s; NOT_SERVING until the database is ready",
-                listening.api,
-                listening.health or "-",
-                listening.metrics or "-",
-            )
-        waiter[0].gate.wait(why)
+        listen()
+        sidecar.gate.wait(why)
 
     try:
         opened = wait_for_database(
@@ -123,21 +132,17 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         )
         if not opened:
             # An attempt may still be under way on its thread: the store is
-            # left to the process's exit rather than closed under it.
-            if waiter:
-                waiter[0].stop(0)
+            # left to the process's exit rather than closed under it (the
+            # stopped feed refuses to start after this).
+            sidecar.stop(0)
             log.info("stopped before the database was ready")
             return 0
-        if waiter:
-            sidecar = waiter[0]
-            addresses = sidecar.ready()
-        else:
-            sidecar = Sidecar(config, store, metrics=metrics)
-            waiter.append(sidecar)
-            addresses = sidecar.start()
+        if not listening:
+            listening.append(True)
+            sidecar.listen()
+        addresses = sidecar.ready()
     except BaseException:
-        if waiter:
-            waiter[0].stop(0)
+        sidecar.stop(0)
         store.close()
         raise
     log.info(

@@ -411,21 +411,27 @@ class StartupGate(grpc.ServerInterceptor):
     def open(self) -> None:
         self._waiting = None
 
+    def refusal(self) -> Unavailable | None:
+        """What a call is refused with meanwhile (the MCP listener's too);
+        None once open."""
+        waiting = self._waiting
+        if waiting is None:
+            return None
+        return Unavailable(
+            f"the sidecar is starting and waits for its database ({waiting}); retry",
+            reason="DATABASE_UNAVAILABLE",
+        )
+
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
     ) -> Any:
-        waiting = self._waiting
+        refusal = self.refusal()
         handler = continuation(handler_call_details)
-        if waiting is None or handler is None:
+        if refusal is None or handler is None:
             return handler
         if not handler_call_details.method.startswith("/memory.v1."):
             return handler
-        status = to_status(
-            Unavailable(
-                f"the sidecar is starting and waits for its database ({waiting}); retry",
-                reason="DATABASE_UNAVAILABLE",
-            )
-        )
+        status = to_status(refusal)
 
         def refuse(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort_with_status(status)

@@ -15,6 +15,8 @@ Every HTTP request is bound before the SDK sees it (`_Gate`):
 - `X-Memory-Agent-Id` and `X-Memory-User-Id` name the scope (absent: ""),
   and the token's grant must allow it (403 otherwise), as the API refuses
   a request's scope. Tool arguments cannot name a scope.
+- While the daemon waits for its database at start-up, every request with
+  a valid token is refused: 503, DATABASE_UNAVAILABLE (as the API's calls).
 - The runtime session (InjectForTurn's session_id) is `X-Memory-Session-Id`
   when sent, else the MCP session (`Mcp-Session-Id`), else `mcp`: a
   2026-07-28 client has no MCP session, and shares one per scope. Ending
@@ -83,7 +85,7 @@ MCP_SESSION_HEADER = "mcp-session-id"
 DEFAULT_SESSION = "mcp"
 # Where the gate leaves a request's Binding in the ASGI scope.
 _BINDING = "memory_sidecar.binding"
-_STATUS = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403}
+_STATUS = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "UNAVAILABLE": 503}
 # How long start() waits for the thread to serve, at most.
 START_TIMEOUT_SECONDS = 30.0
 
@@ -179,11 +181,13 @@ class _Gate:
         auth: AuthInterceptor | None,
         limits: Limits,
         end_session: Callable[[Binding], Any],
+        refusal: Callable[[], SidecarError | None],
     ) -> None:
         self._app = app
         self._auth = auth
         self._limits = limits
         self._end_session = end_session
+        self._refusal = refusal
 
     def bind(self, headers: Mapping[str, str]) -> tuple[Binding, str | None]:
         """The request's binding and its token's digest; raises what to refuse."""
@@ -218,6 +222,11 @@ class _Gate:
         headers = _headers(scope)
         try:
             binding, digest = self.bind(headers)
+            # While the daemon waits for its database (after the token, as
+            # the API's gate comes after its auth): 503, DATABASE_UNAVAILABLE.
+            waiting = self._refusal()
+            if waiting is not None:
+                raise waiting
         except SidecarError as exc:
             await _refusal(exc)(scope, receive, send)
             return
@@ -279,8 +288,11 @@ class McpListener:
         metrics: Metrics,
         end_session: Callable[[Scope, str], Any],
         auth: AuthInterceptor | None = None,
+        refusal: Callable[[], SidecarError | None] = lambda: None,
     ) -> None:
         self._config, self._tools, self._auth = config, tools, auth
+        # Why requests are refused (the daemon waits for its database), or None.
+        self._refused = refusal
         self._calls = metrics.mcp_tool_calls
         self._end_session = end_session
         self._ready = threading.Event()
@@ -350,7 +362,7 @@ class McpListener:
         app = Starlette(
             routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan
         )
-        return _Gate(app, self._auth, server.limits(), end)
+        return _Gate(app, self._auth, server.limits(), end, self._refused)
 
     def _uvicorn_config(self, app: ASGIApp) -> uvicorn.Config:
         server = self._config.server

@@ -300,6 +300,7 @@ class Sidecar:
                 metrics=self.metrics,
                 end_session=self.engine.end_session,
                 auth=auth,
+                refusal=self.gate.refusal,
             )
         self._health_server: grpc.Server | None = None
         self._addresses = Addresses(api="", health=None, metrics=None)
@@ -347,8 +348,9 @@ class Sidecar:
     def listen(self) -> Addresses:
         """Bind every listener and start the API and health ones: health
         answers NOT_SERVING and the API refuses calls (the gate) until
-        ready(). Needs no database. The MCP listener's socket is bound here
-        but served from ready() (its URL is not in these addresses)."""
+        ready(). Needs no database. The MCP listener serves from here too,
+        refusing requests (503, DATABASE_UNAVAILABLE) until ready(); the
+        token files are re-read from here on."""
         server = self.config.server
         # The health servicer starts out SERVING for the server as a whole.
         for service in ("", SERVICE_NAME):
@@ -382,18 +384,24 @@ class Sidecar:
                         f"cannot listen for metrics on {server.metrics_listen}: {exc.strerror}"
                     ) from None
                 metrics_address = f"{host}:{self._metrics_server.server_port}"
+            mcp_url = None
             if self._mcp is not None:
                 self._mcp_socket = _listening_socket(server.mcp_listen, "MCP")
-        except BindError:
+                mcp_url = self._mcp.start(self._mcp_socket)
+        except BaseException:
             self._close_listeners()
             raise
+        # A token rotated or revoked while the daemon waits is followed.
+        self._reloads.start()
         self._api.start()
         if server.listen.startswith("unix:"):
             # Only this user may connect: the socket is the API's front door.
             os.chmod(server.listen.removeprefix("unix:").removeprefix("//"), 0o600)
         if self._health_server is not None:
             self._health_server.start()
-        self._addresses = Addresses(api=api, health=health_address, metrics=metrics_address)
+        self._addresses = Addresses(
+            api=api, health=health_address, metrics=metrics_address, mcp=mcp_url
+        )
         return self._addresses
 
     def connect(self) -> None:
@@ -405,40 +413,45 @@ class Sidecar:
             self.engine.feed.start()
 
     def ready(self) -> Addresses:
-        """Serve the MCP listener, start the background threads, open the
-        gate and report SERVING. After listen() and connect()."""
+        """Start the background threads, open the gate and report SERVING.
+        After listen() and connect()."""
         server = self.config.server
-        mcp_url = None
-        if self._mcp is not None and self._mcp_socket is not None:
-            try:
-                mcp_url = self._mcp.start(self._mcp_socket)
-            except Exception:
-                self._abort()
-                raise
-        self._janitor.start()
-        self._reloads.start()
-        if server.expiry_sweep_seconds:
-            self._expiry.start()
-        self.engine.watches.start()  # the event log's retention
-        if self.engine.semantic is not None:
-            self.engine.semantic.start()  # embeds entries stored without a vector
+        try:
+            # The watcher's next read may be up to an interval away: a token
+            # rotated or revoked during the wait counts from the first call.
+            self._reloads.run_once()
+            self._janitor.start()
+            if server.expiry_sweep_seconds:
+                self._expiry.start()
+            self.engine.watches.start()  # the event log's retention
+            if self.engine.semantic is not None:
+                self.engine.semantic.start()  # embeds entries stored without a vector
+        except BaseException:
+            self._abort()
+            raise
         self._ready = True
         self.gate.open()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return Addresses(
-            api=self._addresses.api,
-            health=self._addresses.health,
-            metrics=self._addresses.metrics,
-            mcp=mcp_url,
-        )
+        return self._addresses
 
     def _abort(self) -> None:
-        """Undo listen() (and a started feed): start-up failed."""
+        """Undo listen(), connect() and whatever ready() started: start-up
+        failed, or stopped before SERVING."""
+        self._stopped.set()  # ends the janitor and the expiry sweep
         self._api.stop(None).wait()
+        if self._mcp is not None:
+            self._mcp.stop(1)  # only refusals in flight; 0 logs a cancel
+        self._reloads.stop()
+        self.engine.watches.stop()
+        if self.engine.semantic is not None:
+            self.engine.semantic.stop()
+        # A feed still starting on an abandoned attempt's thread refuses to
+        # run once stopped (sidecar.changes).
         if self.engine.feed is not None:
             self.engine.feed.stop()
         self._close_listeners()
+        self._shut_tracing()
 
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish.
@@ -455,10 +468,9 @@ class Sidecar:
         # API drains; the health listener stays up until the API is done.
         self.health.enter_graceful_shutdown()
         if not self._ready:
-            # Stopped while waiting for the database: every call was
-            # refused, nothing in the background runs yet.
+            # Stopped while waiting for the database (or ready() failed):
+            # every call was refused; _abort ends what had started.
             self._abort()
-            self._shut_tracing()
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         # Watches never end on their own: end them now, not after the grace.

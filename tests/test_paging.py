@@ -12,7 +12,7 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info
+from tests.conftest import MakeSidecar, Running, error_info, stop_sidecar
 
 pytestmark = pytest.mark.contract
 
@@ -215,4 +215,9 @@ def test_a_token_from_one_replica_pages_on_another(make_sidecar: MakeSidecar) ->
     last = first.list(scope=SCOPE, page_size=2, page_token=rest.next_page_token)
     assert [m.id for p in (page, rest, last) for m in p.memories] == ids
     # A daemon that starts again keeps honouring them (the key is the database's).
-    assert second.list(scope=SCOPE, page_token=page.next_page_token).memories
+    stop_sidecar(first)
+    stop_sidecar(second)
+    again = make_sidecar(UNLIMITED)
+    rest = again.list(scope=SCOPE, page_size=2, page_token=page.next_page_token)
+    last = again.list(scope=SCOPE, page_size=2, page_token=rest.next_page_token)
+    assert [m.id for p in (page, rest, last) for m in p.memories] == ids

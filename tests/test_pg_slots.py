@@ -21,6 +21,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests import pg
 from tests.conftest import Running, error_info, refused, require_tool, start_sidecar, stop_sidecar
+from tests.test_startup import InProcess
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 PASSWORD = "slots"
@@ -276,3 +277,34 @@ def test_the_pool_closes_what_stayed_idle_and_holds_for_the_listener(small: pg.C
     with pool.connection_context():
         assert pool.execute_sql("SELECT 1").fetchone() == (1,)
     pool.close_all()
+
+
+def test_a_listener_that_finds_no_slot_at_start_up_lets_the_pool_go(
+    small: pg.Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import psycopg
+
+    from sidecar._postgres import PostgresBackend
+
+    dsn, name = database(small)
+    real = PostgresBackend._listener_connect
+    # The listener's first connect and the one after make_room both find no
+    # slot (another process took the ones the pool gave back): start() fails
+    # with the pool held, and the next attempt's open needs it.
+    refusals = [2]
+
+    def connect(backend: PostgresBackend, heartbeat: float) -> Any:
+        if refusals[0]:
+            refusals[0] -= 1
+            raise psycopg.OperationalError("connection failed: FATAL:  sorry, too many clients")
+        return real(backend, heartbeat)
+
+    monkeypatch.setattr(PostgresBackend, "_listener_connect", connect)
+    running = InProcess(dsn, db_password=PASSWORD, startup_timeout_seconds="15")
+    served = running.serving()
+    listeners = backends(small, name, LISTENER) if served else 0
+    outcome = running.end()
+    assert served, outcome
+    assert outcome == 0
+    assert "database not ready (DATABASE_BUSY: the database server has no free" in caplog.text
+    assert listeners == 1

@@ -4,6 +4,9 @@ line with a reason, on what waiting cannot mend."""
 
 from __future__ import annotations
 
+import functools
+import http.client
+import json
 import os
 import random
 import re
@@ -14,16 +17,21 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from sidecar import config
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.changes import ChangeFeed
+from sidecar.daemon import open_store, serve
 from sidecar.errors import (
     ConfigError,
     DatabaseRefused,
@@ -32,6 +40,8 @@ from sidecar.errors import (
     StoreError,
     Unavailable,
 )
+from sidecar.metrics import Metrics
+from sidecar.server import Sidecar
 from sidecar.startup import Backoff, transient, wait_for_database
 from sidecar.store import Store
 from tests import pg
@@ -39,7 +49,7 @@ from tests.conftest import error_info, refused, require_tool, run_sidecar, sqlit
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-_LISTENING = re.compile(r"listening api=(\S+) health=(\S+) metrics=(\S+);")
+_LISTENING = re.compile(r"listening api=(\S+) health=(\S+) metrics=(\S+) mcp=(\S+);")
 # A liveness bound for what the daemon must do, never a timing claim.
 PATIENCE = 60.0
 
@@ -137,33 +147,76 @@ def environ(**settings: str) -> dict[str, str]:
     return env
 
 
-def test_waits_not_serving_for_postgresql_then_serves(bindir: Path, waiting: list[Waiting]) -> None:
+def mcp_post(url: str, token: str) -> tuple[int, dict[str, Any]]:
+    """An MCP initialize request: the HTTP status and the JSON body."""
+    address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.netloc, timeout=10)
+    try:
+        hello = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        }
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        connection.request("POST", address.path, body, headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+def test_waits_not_serving_for_postgresql_then_serves(
+    bindir: Path, waiting: list[Waiting], tmp_path: Path
+) -> None:
     # A cluster initialised but not started: nothing listens on its port yet.
     cluster = pg.Cluster(bindir, port=free_port())
     cluster.init()
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    old = [("authorization", "Bearer old-token")]
+    new = [("authorization", "Bearer new-token")]
     try:
         daemon = Waiting(
-            "--db", cluster.tcp_dsn(), "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"
+            *("--db", cluster.tcp_dsn(), "--listen", "127.0.0.1:0"),
+            *("--health-listen", "127.0.0.1:0", "--mcp-listen", "127.0.0.1:0"),
+            *("--auth-token-file", str(token_file)),
+            # The watcher never comes round while the test runs: the
+            # rotation below counts from SERVING all the same.
+            env=environ(auth_reload_seconds="3600"),
         )
         waiting.append(daemon)
-        api, health_address, _ = daemon.until(_LISTENING.pattern).groups()
+        api, health_address, _, mcp = daemon.until(_LISTENING.pattern).groups()
         daemon.until("database not ready \\(DATABASE_UNAVAILABLE")
         # Both listeners answer: NOT_SERVING, for the server and the service.
         for address in (health_address, api):
             assert health(address) == NOT_SERVING
             assert health(address, "memory.v1.MemoryService") == NOT_SERVING
+        # The MCP listener answers too, refusing as the API does.
+        status, answer = mcp_post(mcp, "old-token")
+        assert status == 503, answer
+        assert answer["error"]["data"]["reason"] == "DATABASE_UNAVAILABLE", answer
+        assert "waits for its database" in answer["error"]["message"]
+        assert mcp_post(mcp, "wrong-token")[0] == 401  # the token first, as on the API
         # The API says why, with the reason a client retries on.
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            error = refused(stub.AddMemory, pb.AddMemoryRequest(content="early"), timeout=5)
+            add = functools.partial(stub.AddMemory, metadata=old)
+            error = refused(add, pb.AddMemoryRequest(content="early"), timeout=5)
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
             assert "waits for its database" in error.details()
             assert "Connection refused" in error.details()  # what the last attempt met
-            stream = stub.ExportMemories(pb.ExportMemoriesRequest(), timeout=5)
+            stream = stub.ExportMemories(pb.ExportMemoriesRequest(), timeout=5, metadata=old)
             error = refused(list, stream)
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
 
+        # The token is rotated while the daemon waits (the old one revoked).
+        token_file.write_text("new-token\n")
         cluster.serve()
         deadline = time.monotonic() + PATIENCE
         while health(health_address) != SERVING:
@@ -173,10 +226,16 @@ def test_waits_not_serving_for_postgresql_then_serves(bindir: Path, waiting: lis
         assert health(api, "memory.v1.MemoryService") == SERVING
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            assert stub.AddMemory(pb.AddMemoryRequest(content="after"), timeout=10).created
-            assert [m.content for m in stub.GetMemories(pb.GetMemoriesRequest()).memories] == [
-                "after"
-            ]
+            request = pb.AddMemoryRequest(content="after")
+            error = refused(stub.AddMemory, request, timeout=10, metadata=old)
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert stub.AddMemory(request, timeout=10, metadata=new).created
+            listed = stub.GetMemories(pb.GetMemoriesRequest(), metadata=new).memories
+            assert [m.content for m in listed] == ["after"]
+        status, answer = mcp_post(mcp, "new-token")
+        assert status == 200, answer
+        assert answer["result"]["serverInfo"], answer
+        assert mcp_post(mcp, "old-token")[0] == 401
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.wait() == 0, "\n".join(daemon.log)
     finally:
@@ -230,7 +289,7 @@ def test_sigterm_while_waiting_between_attempts_exits_cleanly(waiting: list[Wait
     dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     daemon = Waiting("--db", dsn, "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0")
     waiting.append(daemon)
-    _, health_address, _ = daemon.until(_LISTENING.pattern).groups()
+    _, health_address, _, _ = daemon.until(_LISTENING.pattern).groups()
     assert health(health_address) == NOT_SERVING
     daemon.process.send_signal(signal.SIGTERM)
     assert daemon.wait() == 0, "\n".join(daemon.log)
@@ -346,3 +405,144 @@ def test_wait_for_database_retries_then_succeeds_and_raises_what_lasts() -> None
     assert caught.value.message.startswith("gave up after 15 s")
     stop.set()
     assert not wait_for_database(down, backend="postgresql", timeout=0, stop=stop, backoff=quick)
+
+
+# --- the daemon in this process (a fault injected) ---------------------------------
+
+
+class InProcess:
+    """daemon.serve() on a thread of this process, stopped by an event."""
+
+    def __init__(self, db: str, **settings: str) -> None:
+        self.health = f"127.0.0.1:{free_port()}"
+        flags = {"db": db, "listen": "127.0.0.1:0", "health_listen": self.health}
+        self.config = config.load(None, environ=environ(**settings), flags=flags)
+        self.stop = threading.Event()
+        self.outcome: list[object] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.outcome.append(serve(self.config, stop=self.stop))
+        except BaseException as exc:
+            self.outcome.append(exc)
+
+    def serving(self) -> bool:
+        """Whether it reports SERVING; waits for it, unless serve() ended."""
+        deadline = time.monotonic() + PATIENCE
+        while time.monotonic() < deadline and self._thread.is_alive():
+            try:
+                if health(self.health) == SERVING:
+                    return True
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.05)
+        return False
+
+    def end(self) -> object:
+        """Stop it; what serve() returned or raised."""
+        self.stop.set()
+        self._thread.join(PATIENCE)
+        assert not self._thread.is_alive()
+        return self.outcome[0]
+
+
+def one_backend(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if backend == "postgresql":
+        cluster: pg.Cluster = request.getfixturevalue("postgres")
+        return cluster.new_database()
+    return str(tmp_path / "memory.db")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_passing_failure_to_connect_after_a_first_open_is_retried(
+    backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The store opens at once; the change feed then finds no free slot once.
+    real = ChangeFeed.start
+    failures = [Unavailable("no free connection slot", reason="DATABASE_BUSY")]
+
+    def start(feed: ChangeFeed) -> None:
+        if failures:
+            raise failures.pop()
+        real(feed)
+
+    monkeypatch.setattr(ChangeFeed, "start", start)
+    running = InProcess(one_backend(backend, request, tmp_path))
+    assert running.serving(), running.outcome
+    assert not failures
+    assert "database not ready (DATABASE_BUSY: no free connection slot)" in caplog.text
+    assert running.end() == 0
+
+
+def test_a_login_the_listener_is_refused_fails_at_once(
+    postgres: pg.Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import psycopg
+
+    from sidecar._postgres import PostgresBackend
+
+    dsn = postgres.new_database()
+    postgres.sql("CREATE ROLE listener_role LOGIN PASSWORD 'right'")
+
+    def refused_login(backend: PostgresBackend, heartbeat: float) -> Any:
+        # As if the password had changed between the store's open and this.
+        return psycopg.connect(dsn.replace("postgres@", "listener_role@"), password="wrong")
+
+    monkeypatch.setattr(PostgresBackend, "_listener_connect", refused_login)
+    running = InProcess(dsn, startup_timeout_seconds="5")  # if it waited
+    outcome = running.end() if running.serving() else running.outcome[0]
+    assert isinstance(outcome, DatabaseRefused), outcome
+    assert "password authentication failed" in outcome.message
+    assert "database not ready" not in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_attempt_left_behind_by_a_stop_starts_no_feed(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    cfg = config.load(
+        None,
+        environ={},
+        flags={"db": one_backend(backend, request, tmp_path), "listen": "127.0.0.1:0"},
+    )
+    store = open_store(cfg)
+    sidecar = Sidecar(cfg, store, metrics=Metrics(CollectorRegistry()))
+    sidecar.listen()
+    sidecar.stop(0)  # SIGTERM while an attempt was under way...
+    store.open()  # ... which then goes on, on its thread
+    with pytest.raises(Unavailable):
+        sidecar.connect()
+    feed = sidecar.engine.feed
+    assert feed is not None
+    assert feed._thread is None
+    assert getattr(feed, "_connection", None) is None
+    store.close()
+
+
+def test_ready_that_fails_stops_what_it_started(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    flags = {"db": str(tmp_path / "m.db"), "listen": "127.0.0.1:0", "auth_token_file": str(token)}
+    cfg = config.load(None, environ={}, flags=flags)
+    store = open_store(cfg)
+    store.open()
+    sidecar = Sidecar(cfg, store, metrics=Metrics(CollectorRegistry()))
+    sidecar.listen()
+    sidecar.connect()
+
+    def broken() -> None:
+        raise RuntimeError("cannot start the event log's retention")
+
+    sidecar.engine.watches.start = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        sidecar.ready()
+    sidecar.stop(0)  # as the daemon does after a failed start
+    names = {thread.name for thread in threading.enumerate() if thread.is_alive()}
+    assert not names & {"janitor", "auth-reload", "change-feed"}, names
+    store.close()
