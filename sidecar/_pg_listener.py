@@ -66,9 +66,6 @@ class NotifyListener(ChangeFeed):
     def _open(self) -> bool:
         if self._connection is not None:
             return False
-        # The re-read below proves every fence issued before it.
-        with self._caught_up:
-            issued = self._issued
         if self._pool is not None:
             self._pool.reap()
         try:
@@ -102,6 +99,10 @@ class NotifyListener(ChangeFeed):
             # Session events sent while it was away are lost with the
             # connection: every session rebuilds once.
             self._resync()
+        # The re-read below proves every fence issued before it, and the
+        # LISTENs above hear every one issued after: none is lost between.
+        with self._caught_up:
+            issued = self._issued
         with connection.cursor() as cursor:
             for owner, tier, generation, erased in cursor.stream(
                 f"SELECT owner, tier, generation, erased FROM {STATE_TABLE}"

@@ -105,6 +105,13 @@ class Pool(PooledPsycopg3Database):  # type: ignore[misc]
             else:
                 self._idle_since.pop(key, None)
 
+    def would_wait(self) -> bool:
+        """Whether this thread's next connection would wait for one in use
+        because the pool is held (none idle, none open here): for what is
+        not worth that wait (a session event, a fence)."""
+        with self._pool_lock:
+            return bool(self.is_closed() and self.held and not self._connections)
+
     def idle_count(self) -> int:
         with self._pool_lock:
             return len(self._connections)

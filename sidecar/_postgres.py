@@ -499,6 +499,14 @@ class PostgresBackend(Backend):
         )
 
     def _notify(self, payload: str) -> None:
+        # Held for the listener, the pool would make this wait its timeout
+        # (beyond most callers' deadlines) for a connection in use: a
+        # session event or fence is refused at once instead.
+        if self.db.would_wait():
+            raise Unavailable(
+                "no database connection free (held for the change feed's listener); retry",
+                reason="DATABASE_BUSY",
+            )
         # Autocommit: delivered to every listener (this one's too) after
         # every notification committed before it.
         with self.guard(), self.db.connection_context():

@@ -60,9 +60,19 @@ class DataVersionPoller(ChangeFeed):
         version = self._connection.execute("PRAGMA data_version").fetchone()[0]
         if version != self._version:
             self._version = version
-            for owner, tier, generation, erased in self._changed():
+            # One read transaction (one snapshot) for both: read apart, a
+            # write and a compaction event committed in between would have
+            # the event applied before the write reached the caches (a turn
+            # then freezes a block without it).
+            self._connection.execute("BEGIN")
+            try:
+                changed = list(self._changed())
+                events = list(self._session_events())
+            finally:
+                self._connection.execute("COMMIT")
+            for owner, tier, generation, erased in changed:
                 self._deliver(owner, tier, generation, erased)
-            for payload in self._session_events():
+            for payload in events:
                 self._session_event(payload)
         return True
 

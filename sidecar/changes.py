@@ -34,7 +34,6 @@ calls the callback it is given), gRPC.
 from __future__ import annotations
 
 import abc
-import collections
 import json
 import logging
 import threading
@@ -55,9 +54,6 @@ OnChange = Callable[[str, str, int, int], None]
 # published: kind is "compaction" or "end".
 OnSession = Callable[[str, str, str, str], None]
 _NEVER = float("-inf")
-# Generations delivered, remembered where they arrive out of order (see
-# `ordered`): a bound, not a correctness limit (a forgotten one costs a fence).
-RECENT_GENERATIONS = 4096
 
 
 def session_payload(origin: str, kind: str, agent_id: str, user_id: str, session: str) -> str:
@@ -118,8 +114,6 @@ class ChangeFeed(abc.ABC):
         self._issued = 0
         self._fenced = 0
         self._caught_up = threading.Condition()
-        self._recent: collections.deque[int] = collections.deque(maxlen=RECENT_GENERATIONS)
-        self._recent_set: set[int] = set()
         # Failed cycles in a row: the back-off, and when to warn again.
         self._streak = 0
         self._warned = _NEVER
@@ -233,28 +227,13 @@ class ChangeFeed(abc.ABC):
     # --- how far this replica has caught up -------------------------------------
 
     def delivered(self, generation: int) -> bool:
-        """Whether the write of `generation` is known delivered (or was this
-        process's own), without asking the database (a fence proves it for
-        any committed write)."""
+        """Whether every write up to `generation` is known delivered, without
+        asking the database. Only an ordered feed knows: on PostgreSQL a
+        smaller generation may commit after a larger one has arrived, and a
+        write of this process's own says nothing of other processes' earlier
+        ones (a fence proves every committed write)."""
         with self._caught_up:
-            if self.ordered and self.applied >= generation:
-                return True
-            return generation in self._recent_set
-
-    def wrote(self, generation: int) -> None:
-        """This process committed `generation` and applied it to its caches
-        (a read here with it as min_generation need not wait). Not `applied`:
-        other processes' earlier writes may not be delivered yet."""
-        with self._caught_up:
-            self._remember(generation)
-
-    def _remember(self, generation: int) -> None:
-        # Under _caught_up.
-        if generation not in self._recent_set:
-            if len(self._recent) == self._recent.maxlen:
-                self._recent_set.discard(self._recent[0])
-            self._recent.append(generation)
-            self._recent_set.add(generation)
+            return self.ordered and self.applied >= generation
 
     def fence(self) -> int:
         """Ask the feed to prove it has delivered every write committed before
@@ -330,8 +309,6 @@ class ChangeFeed(abc.ABC):
         self._on_change(owner, tier, generation, erased)
         # After the callback: a read woken by it finds the caches informed.
         with self._caught_up:
-            if not self.ordered:
-                self._remember(generation)
             if generation > self.applied:
                 self.applied = generation
                 self._caught_up.notify_all()

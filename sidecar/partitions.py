@@ -361,8 +361,6 @@ class Partitions:
             cached = self._without(key, cached, written.expired, written.previous)
         if self.on_generation is not None:
             self.on_generation(key, written.generation)
-        if self.feed is not None:
-            self.feed.wrote(written.generation)  # read-your-writes here: no wait
         if cached is not None and cached.generation == written.previous:
             # StopIteration or None: the entry was not in the cached
             # partition, or it was not the newest of its storage; it reloads.

@@ -22,8 +22,9 @@ MARGIN_SECONDS = 0.05
 def caught_up(
     engine: MemoryEngine, scope: Scope, tiers: Iterable[Tier], min_generation: int, context: Any
 ) -> None:
-    """Return once the replica serves every write up to min_generation (0: at
-    once); UNAVAILABLE REPLICA_BEHIND if the deadline would pass first."""
+    """Return once the replica serves the write of min_generation and every
+    write acknowledged before the call (0: at once); UNAVAILABLE
+    REPLICA_BEHIND if the deadline would pass first."""
     if min_generation <= 0:
         return
     remaining = context.time_remaining() if context is not None else None

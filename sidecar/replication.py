@@ -3,12 +3,15 @@ every replica.
 
 Read-your-writes. A write answers the generation it wrote (database-wide:
 SQLite's largest plus one, PostgreSQL's sequence). A read given that
-generation as `min_generation` first makes sure this replica has applied it:
+generation as `min_generation` first makes sure this replica has applied it
+and every write committed before the read:
 
-- known delivered (SQLite: the feed's applied generation reached it;
-  PostgreSQL: it arrived among the last few thousand): no cost;
-- else a fence (sidecar.changes.ChangeFeed.fence): a poll at once on SQLite,
-  a notification of this replica's own on PostgreSQL, which arrives after
+- known delivered (SQLite only: the feed's applied generation reached it,
+  and generations commit in order): no cost;
+- else (always on PostgreSQL, where a smaller generation may commit after a
+  larger one, and for this replica's own writes too) a fence
+  (sidecar.changes.ChangeFeed.fence): a poll at once on SQLite, a
+  notification of this replica's own on PostgreSQL, which arrives after
   every write committed before it. The call waits on a condition the feed
   signals, never polling;
 - a feed that is not verified (or turns so while waiting): the partitions
@@ -84,9 +87,10 @@ class Replication:
     def caught_up(
         self, min_generation: int, keys: Iterable[PartitionKey], timeout: float | None
     ) -> None:
-        """Return once this replica serves every write up to `min_generation`
-        (0: at once); raise REPLICA_BEHIND if `timeout` seconds (None: the
-        feed's settle time) pass first."""
+        """Return once this replica serves the write of `min_generation` and
+        every write committed before the call (0: at once); raise
+        REPLICA_BEHIND if `timeout` seconds (None: the feed's settle time)
+        pass first."""
         feed = self.feed
         if min_generation <= 0 or feed is None or feed.delivered(min_generation):
             return

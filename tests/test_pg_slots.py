@@ -308,3 +308,39 @@ def test_a_listener_that_finds_no_slot_at_start_up_lets_the_pool_go(
     assert outcome == 0
     assert "database not ready (DATABASE_BUSY: the database server has no free" in caplog.text
     assert listeners == 1
+
+
+def test_session_events_are_not_broadcast_at_once_while_the_pool_is_held(
+    small: pg.Cluster, tmp_path: Path
+) -> None:
+    # A pool timeout far beyond the calls' deadlines: waiting it out would be
+    # DEADLINE_EXCEEDED, not an answer.
+    dsn, _ = database(small)
+    running = replica(tmp_path, dsn, 0, busy_timeout_ms=600_000)
+    try:
+        pool = running.store._db
+
+        def held_empty() -> bool:
+            # What the listener does when it finds no free slot; held with
+            # none in use, no connection can come back idle meanwhile.
+            pool.make_room()
+            with pool._pool_lock:
+                return not pool._in_use and pool.idle_count() == 0
+
+        eventually(held_empty, "the pool is held with no connection")
+        compaction = running.stub.NotifyCompaction(
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+        )
+        assert not compaction.broadcast
+        ended = running.stub.EndSession(
+            pb.EndSessionRequest(session_id="s", scope=SCOPE), timeout=20
+        )
+        assert not ended.broadcast
+
+        pool.release()
+        compaction = running.stub.NotifyCompaction(
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+        )
+        assert compaction.broadcast
+    finally:
+        stop_sidecar(running)

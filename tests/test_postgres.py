@@ -372,3 +372,46 @@ def test_a_listener_that_reconnects_lets_frozen_sessions_take_the_current_view(
     assert "ArgoCD" in turn.system_block
     # Then frozen again until the next compaction.
     assert b.turn("s", scope=SCOPE).cache_hit
+
+
+def test_a_fence_sent_while_the_listener_reconnects_is_proved() -> None:
+    """A fence sent before the new connection LISTENs is lost with its
+    notification: the re-read after the LISTENs must prove it."""
+    sent: list[str] = []
+
+    class Deaf:
+        """A connection that hears nothing (what was sent before LISTEN)."""
+
+        def execute(self, sql: str) -> None:
+            return None
+
+        def notifies(self, timeout: float) -> list[object]:
+            return []
+
+        def cursor(self) -> Deaf:
+            return self
+
+        def __enter__(self) -> Deaf:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def stream(self, sql: str) -> list[tuple[str, str, int, int]]:
+            return []
+
+        def close(self) -> None:
+            return None
+
+    tickets: list[int] = []
+
+    def connect() -> Deaf:
+        # A read's fence, sent while the connection is being opened.
+        tickets.append(feed.fence())
+        return Deaf()
+
+    feed = NotifyListener(connect, lambda *news: None, heartbeat=1.0, publish=sent.append)
+    feed.run_once()
+    assert sent
+    assert tickets == [1]
+    assert feed.wait(tickets[0], 0, timeout=0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -214,6 +215,26 @@ def test_a_read_with_the_writes_generation_sees_it_on_a_lagging_replica(
     assert not found(b, "Flux", min_generation=gone.generation)
 
 
+def test_a_token_of_this_replicas_own_write_covers_a_write_acknowledged_before_it_elsewhere(
+    make_sidecar: MakeSidecar, gates: Callable[[Running], Gate]
+) -> None:
+    """min_generation promises every write acknowledged before the read, not
+    only the one that answered the token: a client writes on A, then on B,
+    then reads on B with B's (larger) generation."""
+    a, b = make_sidecar(), make_sidecar(LAGGING)
+    a.add("The repo uses uv", scope=SCOPE)
+    eventually(lambda: found(b, "uses uv"), "B has A's first write")
+
+    gate = gates(b)
+    first = a.add("Deploys go through ArgoCD", scope=SCOPE)
+    other = pb.Scope(agent_id="reviewer", user_id="bob")
+    second = b.add("Bob prefers tabs", scope=other)
+    assert second.generation > first.generation
+    assert not found(b, "ArgoCD")  # B has not heard of A's write
+    threading.Timer(0.3, gate.open.set).start()
+    assert found(b, "ArgoCD", min_generation=second.generation)
+
+
 def test_a_replica_that_cannot_catch_up_in_time_refuses_instead_of_answering_stale(
     make_sidecar: MakeSidecar, gates: Callable[[Running], Gate]
 ) -> None:
@@ -256,3 +277,72 @@ def test_a_generation_no_write_has_reached_is_waited_for_until_the_deadline(
         timeout=0.5,
     )
     assert error_info(error).reason == "REPLICA_BEHIND"
+
+
+def test_sqlite_poller_delivers_a_write_before_the_compaction_committed_after_it(
+    tmp_path: Path,
+) -> None:
+    """SQLite's poller reads state rows and session events in one snapshot:
+    a write and then a compaction event committing between its two reads
+    must not have the event applied before the write (a turn in between
+    would freeze a block without it). Driven by hand: the two commits land
+    just as the poller starts reading the events."""
+    import sqlite3
+
+    from prometheus_client import CollectorRegistry
+
+    from sidecar import config as config_mod
+    from sidecar import daemon
+    from sidecar._backend import SESSION_EVENTS_TABLE, STATE_TABLE
+    from sidecar._sqlite_poller import DataVersionPoller
+    from sidecar.changes import session_payload
+    from sidecar.metrics import Metrics
+
+    path = str(tmp_path / "memory.db")
+    cfg = config_mod.load(None, environ={}, flags={"db": path, "listen": "127.0.0.1:0"})
+    store = daemon.open_store(cfg, Metrics(CollectorRegistry()))
+    store.open()
+    store.close()
+
+    news: list[str] = []
+    poller = DataVersionPoller(
+        path,
+        lambda owner, tier, generation, erased: news.append(f"write {generation}"),
+        interval=1.0,
+        busy_timeout_ms=5000,
+        publish=lambda payload: None,
+    )
+    poller.on_session = lambda kind, *scope: news.append(kind)
+    poller.run_once()  # first contact: the watermarks
+    assert poller._connection is not None
+
+    other = sqlite3.connect(path, isolation_level=None)
+    fired: list[str] = []
+
+    def between(sql: str) -> None:
+        if f"FROM {SESSION_EVENTS_TABLE} WHERE" in sql and not fired:
+            fired.append(sql)
+            # Another replica's write, then its NotifyCompaction.
+            other.execute(
+                f"INSERT INTO {STATE_TABLE} (owner, tier, content_chars, entry_count, generation)"
+                " VALUES ('ada', 'memory', 1, 1, 1000)"
+            )
+            other.execute(
+                f"INSERT INTO {SESSION_EVENTS_TABLE} (payload, at) VALUES (?, 0)",
+                (session_payload("elsewhere", "compaction", "coder", "ada", "s"),),
+            )
+
+    poller._connection.set_trace_callback(between)
+    # A first write, for the poller to notice a commit and read.
+    other.execute(
+        f"INSERT INTO {STATE_TABLE} (owner, tier, content_chars, entry_count, generation)"
+        " VALUES ('bob', 'memory', 1, 1, 999)"
+    )
+    try:
+        poller.run_once()  # reads the first write; the others commit meanwhile
+        poller.run_once()
+    finally:
+        poller.stop()
+        other.close()
+    assert fired
+    assert news == ["write 999", "write 1000", "compaction"]
