@@ -91,11 +91,16 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     metrics = Metrics()
     store = open_store(config, metrics)
     # Built before the first attempt, since connect() is part of every
-    # attempt; it binds its listeners only once an attempt has failed for a
-    # reason worth waiting on (a database that opens at once starts as
-    # before, and an error that lasts is one line, with nothing bound).
+    # attempt. Its listeners are bound first of all (answering NOT_SERVING):
+    # a port already in use is then refused before any database is created
+    # or migrated.
     sidecar = Sidecar(config, store, metrics=metrics)
-    listening: list[bool] = []
+    try:
+        found = sidecar.listen()
+    except BaseException:
+        sidecar.stop(0)
+        raise
+    said: list[bool] = []
     versions: list[int] = []
 
     def attempt() -> None:
@@ -105,10 +110,9 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         versions.append(store.open())
         sidecar.connect()
 
-    def listen() -> None:
-        if not listening:
-            listening.append(True)
-            found = sidecar.listen()
+    def waiting(why: str) -> None:
+        if not said:
+            said.append(True)
             log.info(
                 "listening api=%s health=%s metrics=%s mcp=%s;"
                 " NOT_SERVING until the database is ready",
@@ -117,9 +121,6 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
                 found.metrics or "-",
                 found.mcp or "-",
             )
-
-    def waiting(why: str) -> None:
-        listen()
         sidecar.gate.wait(why)
 
     try:
@@ -137,9 +138,6 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
             sidecar.stop(0)
             log.info("stopped before the database was ready")
             return 0
-        if not listening:
-            listening.append(True)
-            sidecar.listen()
         addresses = sidecar.ready()
     except BaseException:
         sidecar.stop(0)

@@ -111,12 +111,35 @@ class BindError(SidecarError):
     default_reason = "BIND_FAILED"
 
 
+def _free(address: str, what: str) -> None:
+    """Refuse a TCP address another process holds, before gRPC tries it:
+    gRPC's core would print a raw log line of its own to stderr first.
+    Bound with SO_REUSEADDR, as gRPC binds, and closed at once."""
+    host, _, port_text = address.rpartition(":")
+    if address.startswith("unix:") or not port_text.isdigit() or int(port_text) == 0:
+        return
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]") or None, int(port_text), type=socket.SOCK_STREAM
+        )
+    except OSError:
+        return  # gRPC says what is wrong with the name
+    for family, kind, proto, _name, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                raise BindError(f"cannot listen for {what} on {address}: {exc.strerror}") from None
+
+
 def _bind(
     server: grpc.Server,
     address: str,
     what: str,
     credentials: grpc.ServerCredentials | None = None,
 ) -> int:
+    _free(address, what)
     try:
         port: int = (
             server.add_secure_port(address, credentials)

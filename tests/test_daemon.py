@@ -100,6 +100,15 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path, flag: str) -> None:
         assert "cannot listen for" in result.stderr
         assert first.api in result.stderr
         assert health_status(first.api) == SERVING
+        # Refused before any database is made, in one line of its own (not
+        # after gRPC's raw "add_port.cc" log line).
+        assert not (tmp_path / "second.db").exists()
+        lines = [line for line in result.stderr.splitlines() if " INFO " not in line]
+        assert lines == [
+            f"memory-sidecar: BIND_FAILED: cannot listen for "
+            f"{'the API' if flag == '--listen' else 'health checks'} on {first.api}: "
+            "Address already in use"
+        ]
     finally:
         first.close()
 
