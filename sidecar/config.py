@@ -55,6 +55,10 @@ class AgentSettings:
 
     memory_enabled: bool = True
     user_profile_enabled: bool = True
+    # A user-profile write without a user_id would land in the one profile
+    # every caller without a user id shares: refused (USER_ID_REQUIRED)
+    # unless the agent's deployment means that shared profile.
+    shared_user_profile: bool = False
     memory_char_limit: int = 2200
     user_char_limit: int = 1375
     inject_system_block: bool = True

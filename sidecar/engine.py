@@ -99,6 +99,19 @@ class Added(NamedTuple):
     generation: int = 0
 
 
+def _require_user(settings: AgentSettings, scope: Scope, tier: Tier) -> None:
+    """Refuse a user-profile add without a user_id, unless the agent's
+    settings mean the profile every caller without one shares."""
+    if tier is Tier.USER and not scope.user_id and not settings.shared_user_profile:
+        raise InvalidArgument(
+            "a user-profile write needs scope.user_id: without one it would land in the "
+            "profile shared by every caller that sends none; send the user's id, or set "
+            "shared_user_profile: true for this agent if that shared profile is meant",
+            reason="USER_ID_REQUIRED",
+            metadata={"field": "scope.user_id", "tier": tier.value},
+        )
+
+
 def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) -> None:
     """Refuse (strict) or log (warn) text with a refused finding; count
     text stored to be shown quoted."""
@@ -239,6 +252,7 @@ class MemoryEngine:
         # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
         expires_at = self.expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
+        _require_user(settings, scope, tier)
         _screen(self._metrics, settings, "content", content)
         _screen(self._metrics, settings, "category", category)
         key = (tier, scope.owner(tier))

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -196,6 +196,29 @@ def test_default_scope_works_with_empty_ids(sidecar: Running) -> None:
     added = sidecar.add("default scope note")
     assert [m.id for m in sidecar.list(scope=pb.Scope()).memories] == [added.memory.id]
     assert list(sidecar.list(scope=pb.Scope(agent_id="someone")).memories) == []
+
+
+def test_a_profile_write_without_a_user_id_is_refused(make_sidecar: MakeSidecar) -> None:
+    # It would land in the one profile every caller without a user id shares.
+    running = make_sidecar()
+    request = pb.AddMemoryRequest(
+        scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER, content="Prefers tabs"
+    )
+    error = refused(running.stub.AddMemory, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info(error)
+    assert info.reason == "USER_ID_REQUIRED"
+    assert info.metadata["field"] == "scope.user_id"
+    assert "shared_user_profile" in (error.details() or "")
+    listed = running.list(scope=pb.Scope(agent_id="coder"))
+    assert list(listed.memories) == []
+    # With a user id it is that user's profile; the agent may also mean the
+    # shared one.
+    ada = pb.Scope(agent_id="coder", user_id="ada")
+    running.stub.AddMemory(pb.AddMemoryRequest(scope=ada, tier=pb.TIER_USER, content="Tabs"))
+    shared = make_sidecar("defaults:\n  shared_user_profile: true\n", name="shared.db")
+    added = shared.stub.AddMemory(request)
+    assert added.memory.content == "Prefers tabs"
 
 
 def test_search_ranks_matches_and_filters(sidecar: Running) -> None:

@@ -478,7 +478,8 @@ def test_a_restricted_erase_grant_erases_only_what_it_lists(guarded: Running) ->
     assert rows(guarded, "SELECT actor FROM audit_log") == [("ada-eraser",)]
 
 
-def test_forget_user_needs_a_user_id(sidecar: Running) -> None:
+def test_forget_user_needs_a_user_id(make_sidecar: MakeSidecar) -> None:
+    sidecar = make_sidecar("defaults:\n  shared_user_profile: true\n")
     error = refused(sidecar.stub.ForgetUser, pb.ForgetUserRequest(), timeout=10)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(error).reason == "USER_ID_EMPTY"

@@ -85,7 +85,9 @@ def test_the_export_is_what_get_memories_lists(make_sidecar: MakeSidecar) -> Non
         running.add(f"note {n} with ünïcödé\nand a newline", scope=SCOPE, category=f"k{n % 2}")
         running.add(f"profile fact {n}", scope=SCOPE, tier=pb.TIER_USER, confidence=0.25)
     running.add("another agent's note", scope=pb.Scope(agent_id="writer", user_id="ada"))
-    running.add("another user's profile", scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
+    running.add(
+        "another user's profile", scope=pb.Scope(agent_id="coder", user_id="bob"), tier=pb.TIER_USER
+    )
     for tier in (pb.TIER_UNSPECIFIED, pb.TIER_MEMORY, pb.TIER_USER):
         responses = export(running, scope=SCOPE, tier=tier, batch_size=4)
         expected = listed(running, SCOPE, tier)
