@@ -62,7 +62,7 @@ run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
 	$(BIN)/memory-sidecar serve --db $(DB) $(ARGS)
 
-test: $(STAMP) buf node-example
+test: $(STAMP) node-example
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) buf

@@ -57,3 +57,24 @@ def test_make_run_installs_the_daemon_without_the_dev_tools(tmp_path: Path) -> N
     installs = [line for line in planned.splitlines() if "pip install" in line and " -e " in line]
     assert installs == [f"{tmp_path}/venv/bin/python -m pip install --quiet -e '.[postgres]'"]
     assert "memory-sidecar serve" in planned
+
+
+def test_make_test_does_not_install_the_lint_tools(tmp_path: Path) -> None:
+    # buf (93 MB from npm) serves `make lint` only.
+    planned = subprocess.run(
+        ["make", "-n", "test", f"VENV={tmp_path}/venv", "BUF=" + str(tmp_path / "no-buf")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "@bufbuild/buf" not in planned
+    assert "-m pytest" in planned
+    linting = subprocess.run(
+        ["make", "-n", "lint", f"VENV={tmp_path}/venv", "BUF=" + str(tmp_path / "no-buf")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "@bufbuild/buf" in linting
