@@ -59,22 +59,20 @@ def test_make_run_installs_the_daemon_without_the_dev_tools(tmp_path: Path) -> N
     assert "memory-sidecar serve" in planned
 
 
+def _planned(target: str, tmp_path: Path) -> str:
+    """What `make -n TARGET` would run on a fresh machine (no venv, no buf)."""
+    return subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path}/venv", "BUF=" + str(tmp_path / "no-buf")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def test_make_test_does_not_install_the_lint_tools(tmp_path: Path) -> None:
     # buf (93 MB from npm) serves `make lint` only.
-    planned = subprocess.run(
-        ["make", "-n", "test", f"VENV={tmp_path}/venv", "BUF=" + str(tmp_path / "no-buf")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    planned = _planned("test", tmp_path)
     assert "@bufbuild/buf" not in planned
     assert "-m pytest" in planned
-    linting = subprocess.run(
-        ["make", "-n", "lint", f"VENV={tmp_path}/venv", "BUF=" + str(tmp_path / "no-buf")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "@bufbuild/buf" in linting
+    assert "@bufbuild/buf" in _planned("lint", tmp_path)
