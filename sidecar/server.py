@@ -497,12 +497,16 @@ class Sidecar:
             return
         grace = self.config.server.grace_seconds if grace is None else grace
         # Watches never end on their own: end them now, not after the grace.
-        self.engine.watches.stop()
+        # Without waiting for a retention pass under way: it may wait on a
+        # database lock for up to busy_timeout_ms, and new calls must be
+        # refused at once.
+        self.engine.watches.stop(wait=False)
         # Both drain at once: MCP requests are served by the same engine.
         api_stopped = self._api.stop(grace)
         if self._mcp is not None:
             self._mcp.stop(grace)
         api_stopped.wait()
+        self.engine.watches.retention.stop()
         self._reloads.stop()
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction

@@ -155,15 +155,15 @@ class Watches:
     def start(self) -> None:
         self.retention.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         """End every watch (UNAVAILABLE, with where to resume) and refuse new
         ones, so the server's stop is not held up by streams that never end;
-        stop the retention loop."""
+        stop the retention loop (`wait`: and wait for its pass under way)."""
         with self._lock:
             self._stopping = True
             for watch in self._open:
                 watch.signal.set()
-        self.retention.stop()
+        self.retention.stop(wait)
 
     @property
     def stopping(self) -> bool:
@@ -352,9 +352,11 @@ class Retention:
         self._thread = threading.Thread(target=self._run, name="event-retention", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop the loop; with `wait`, also wait for a pass under way (which
+        may be waiting on a database lock for up to busy_timeout_ms)."""
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
 

@@ -139,6 +139,11 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
     # on the busy timeout) when the stop begins.
     blocker = sqlite3.connect(running.db_path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
+    # The event log's retention pass, begun now, waits on that lock too (up
+    # to busy_timeout_ms): stop() must refuse new calls without waiting for it.
+    retention = running.sidecar.engine.watches.retention
+    retention.stop()
+    retention.start()
     result: dict[str, object] = {}
 
     def slow_add() -> None:
