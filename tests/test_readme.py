@@ -212,15 +212,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     var/memory.db is then that directory's), on a free port."""
     env = environment(f"127.0.0.1:{free_port()}", tmp_path)
     (tmp_path / "var").mkdir()
-    process = subprocess.Popen(
-        ["memory-sidecar", "serve", "--db", "var/memory.db"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    process = spawn("memory-sidecar serve --db var/memory.db", tmp_path, env)
     try:
         wait_serving(env, tmp_path, process)
         yield tmp_path, env
