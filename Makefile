@@ -10,6 +10,9 @@ DB ?= var/memory.db
 # More `memory-sidecar serve` flags for `make run`, e.g.
 #   make run ARGS="--metrics-listen 127.0.0.1:9464 --config my.yaml"
 ARGS ?=
+# pytest-xdist workers for `make test`: auto is twice the cores (tests/conftest.py),
+# as much of the suite waits on sockets, subprocesses and feeds. 0: one process.
+TEST_WORKERS ?= auto
 
 .PHONY: run test lint typecheck check bench protos buf node-example clean
 
@@ -63,7 +66,7 @@ run: $(RUN_STAMP)
 	$(BIN)/memory-sidecar serve --db $(DB) $(ARGS)
 
 test: $(STAMP) node-example
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP) buf
 	$(BIN)/ruff check sidecar tests scripts bench
