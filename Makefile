@@ -65,8 +65,11 @@ run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
 	$(BIN)/memory-sidecar serve --db $(DB) $(ARGS)
 
+# Bytecode caches stay on for the tests even where the environment turns
+# them off: every worker would otherwise compile and rewrite the asserts
+# of every test module again (about 3 s of CPU each).
 test: $(STAMP) node-example
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP) buf
 	$(BIN)/ruff check sidecar tests scripts bench
