@@ -15,8 +15,9 @@ fall back to keyword retrieval and count why.
 Owns: the Encoder contract, both encoders, the bundled model's location and
 digest, and encoder_missing (which sidecar.config asks). Must not touch: vectors
 at rest or cached (sidecar.semantic), the store, metrics, configuration (settings
-are arguments). LocalEncoder reads its weights from disk once, when built;
-EndpointEncoder blocks its caller on the network for up to its timeout.
+are arguments). LocalEncoder reads its weights from disk when built (unless
+an encoder alive on the same files has); EndpointEncoder blocks its caller on
+the network for up to its timeout.
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+# One BLAS thread unless the operator chose otherwise, set before numpy
+# loads OpenBLAS (it reads this once, then). Its own threads spin for a core
+# the daemon's threads share: on two cores a short text cost ~10 times the
+# CPU and 5 to 25 times the time. deploy/Dockerfile sets it too; this covers
+# a daemon started anywhere else. No effect if numpy was imported first.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import numpy.typing as npt
@@ -182,17 +192,144 @@ def _layer_norm(x: Vectors, weights: tuple[Vectors, Vectors], eps: float = 1e-12
     return centred
 
 
+class _Model:
+    """What a LocalEncoder reads from a model directory: only read once
+    built, so every encoder on the same unchanged files shares one."""
+
+    def __init__(self, model_dir: Path, sha256: str | None) -> None:
+        """Raises EncoderError('unavailable') as LocalEncoder() does."""
+        try:
+            from safetensors.numpy import load as load_safetensors
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise EncoderError(
+                "unavailable", f"{exc}: pip install 'memory-sidecar[semantic]'"
+            ) from None
+        try:
+            raw = (model_dir / "model.safetensors").read_bytes()
+            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:  # OSError, or the tokenizer's own parse error
+            raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
+        if sha256 is not None:
+            digest = hashlib.sha256(raw).hexdigest()
+            if digest != sha256.lower():
+                raise EncoderError(
+                    "unavailable",
+                    f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
+                )
+        # tokenizer.json itself says 128 tokens, padded to 128; the model was
+        # trained, and sentence-transformers runs it, at 256 and pads per
+        # batch (done in encode, after sorting by length).
+        tokenizer.enable_truncation(max_length=LocalEncoder.max_tokens)
+        tokenizer.no_padding()
+        self.tokenizer: Tokenizer = tokenizer
+        # Configured once, then only encoded with, which the bindings allow
+        # from many threads; the lock is cheap insurance (tokenizing is a
+        # small share of a call) against versions where encoding borrows
+        # the tokenizer mutably ("RuntimeError: Already borrowed").
+        self.tokenizer_lock = threading.Lock()
+        try:
+            self._load(load_safetensors(raw))
+        except Exception as exc:  # a truncated file, a missing or misshapen tensor
+            raise EncoderError("unavailable", f"cannot load the weights: {exc}") from None
+
+    def _load(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
+        def get(key: str, shape: tuple[int, ...]) -> Vectors:
+            array = tensors[key]
+            if array.shape != shape:
+                raise ValueError(f"{key} has shape {array.shape}, expected {shape}")
+            return np.ascontiguousarray(array, dtype=np.float32)
+
+        hidden, inner = LocalEncoder.dimension, 4 * LocalEncoder.dimension
+        self.words = get("embeddings.word_embeddings.weight", (30522, hidden))
+        positions = get("embeddings.position_embeddings.weight", (512, hidden))
+        self.positions = positions[: LocalEncoder.max_tokens].copy()
+        # Every token has type 0: one text, never a pair.
+        self.token_type = get("embeddings.token_type_embeddings.weight", (2, hidden))[0].copy()
+        self.embedding_norm = (
+            get("embeddings.LayerNorm.weight", (hidden,)),
+            get("embeddings.LayerNorm.bias", (hidden,)),
+        )
+        self.layers: list[_Layer] = []
+        for i in range(6):
+            p = f"encoder.layer.{i}."
+            attention = p + "attention."
+            self.layers.append(
+                _Layer(
+                    qkv=np.concatenate(
+                        [
+                            get(f"{attention}self.{part}.weight", (hidden, hidden))
+                            for part in ("query", "key", "value")
+                        ]
+                    ),
+                    qkv_bias=np.concatenate(
+                        [
+                            get(f"{attention}self.{part}.bias", (hidden,))
+                            for part in ("query", "key", "value")
+                        ]
+                    ),
+                    attention_out=get(attention + "output.dense.weight", (hidden, hidden)),
+                    attention_out_bias=get(attention + "output.dense.bias", (hidden,)),
+                    attention_norm=(
+                        get(attention + "output.LayerNorm.weight", (hidden,)),
+                        get(attention + "output.LayerNorm.bias", (hidden,)),
+                    ),
+                    intermediate=get(p + "intermediate.dense.weight", (inner, hidden)),
+                    intermediate_bias=get(p + "intermediate.dense.bias", (inner,)),
+                    output=get(p + "output.dense.weight", (hidden, inner)),
+                    output_bias=get(p + "output.dense.bias", (hidden,)),
+                    output_norm=(
+                        get(p + "output.LayerNorm.weight", (hidden,)),
+                        get(p + "output.LayerNorm.bias", (hidden,)),
+                    ),
+                )
+            )
+
+
+# Models loaded, while some encoder holds one (weakly: one dropped by every
+# encoder is freed). A second encoder in the process on the same unchanged
+# files (another Sidecar, a daemon restarted in place) shares its ~110 MB
+# and skips ~0.8 s of CPU reading, hashing and parsing them.
+_models: weakref.WeakValueDictionary[tuple[object, ...], _Model] = weakref.WeakValueDictionary()
+_models_lock = threading.Lock()
+
+
+def _shared_model(model_dir: Path, sha256: str | None) -> _Model:
+    """The model in `model_dir` checked against `sha256`, loaded or shared.
+    The files' identity (inode, size, mtime) is part of the key, so files
+    replaced since are read, and checked, again."""
+    try:
+        identity = tuple(
+            (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+            for found in (
+                (model_dir / name).stat() for name in ("model.safetensors", "tokenizer.json")
+            )
+        )
+        key = (str(model_dir.resolve()), sha256.lower() if sha256 else None, identity)
+    except OSError as exc:
+        raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
+    # Held while loading, so two encoders built at once load it once.
+    with _models_lock:
+        model = _models.get(key)
+        if model is None:
+            model = _Model(model_dir, sha256)
+            _models[key] = model
+        return model
+
+
 class LocalEncoder:
     """all-MiniLM-L6-v2 in numpy: BERT (6 layers, hidden 384, 12 heads), mean
     pooling over the real tokens, L2 normalisation; texts are cut at 256
     tokens, as sentence-transformers does.
 
-    Weights load once, in the constructor (~0.3 s, ~110 MB). `encode` is safe
+    Weights load once, in the constructor (~0.8 s of CPU, ~110 MB), shared
+    with any other LocalEncoder alive on the same files. `encode` is safe
     from many threads: the weights are only read, and only tokenizing takes a
     lock; the numpy work (which releases the GIL) runs unlocked.
 
-    Run with OPENBLAS_NUM_THREADS=1: concurrent calls give the parallelism,
-    and OpenBLAS's own threads spin for a core they share with the daemon; on
+    Runs with one BLAS thread (OPENBLAS_NUM_THREADS=1 unless set, see the
+    top of this module): concurrent calls give the parallelism, and
+    OpenBLAS's own threads spin for a core they share with the daemon; on
     two busy cores they made a call 5 to 25 times slower.
 
         encoder = LocalEncoder()
@@ -233,93 +370,16 @@ class LocalEncoder:
         self.model_dir = Path(model_dir)
         self._batch_size = max(1, batch_size)
         self._max_batch_tokens = max(self.max_tokens, max_batch_tokens)
-        try:
-            from safetensors.numpy import load as load_safetensors
-            from tokenizers import Tokenizer
-        except ImportError as exc:
-            raise EncoderError(
-                "unavailable", f"{exc}: pip install 'memory-sidecar[semantic]'"
-            ) from None
-        try:
-            raw = (self.model_dir / "model.safetensors").read_bytes()
-            tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
-        except Exception as exc:  # OSError, or the tokenizer's own parse error
-            raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
-        if sha256 is not None:
-            digest = hashlib.sha256(raw).hexdigest()
-            if digest != sha256.lower():
-                raise EncoderError(
-                    "unavailable",
-                    f"{self.model_dir / 'model.safetensors'} has sha256 {digest}, "
-                    f"expected {sha256}",
-                )
-        # tokenizer.json itself says 128 tokens, padded to 128; the model was
-        # trained, and sentence-transformers runs it, at 256 and pads per
-        # batch (done here, after sorting by length).
-        tokenizer.enable_truncation(max_length=self.max_tokens)
-        tokenizer.no_padding()
-        self._tokenizer: Tokenizer = tokenizer
-        # Configured once, then only encoded with, which the bindings allow
-        # from many threads; the lock is cheap insurance (tokenizing is a
-        # small share of a call) against versions where encoding borrows
-        # the tokenizer mutably ("RuntimeError: Already borrowed").
-        self._tokenizer_lock = threading.Lock()
-        try:
-            self._load(load_safetensors(raw))
-        except Exception as exc:  # a truncated file, a missing or misshapen tensor
-            raise EncoderError("unavailable", f"cannot load the weights: {exc}") from None
-
-    def _load(self, tensors: dict[str, npt.NDArray[Any]]) -> None:
-        def get(key: str, shape: tuple[int, ...]) -> Vectors:
-            array = tensors[key]
-            if array.shape != shape:
-                raise ValueError(f"{key} has shape {array.shape}, expected {shape}")
-            return np.ascontiguousarray(array, dtype=np.float32)
-
-        hidden, inner = self.dimension, 4 * self.dimension
-        self._words = get("embeddings.word_embeddings.weight", (30522, hidden))
-        positions = get("embeddings.position_embeddings.weight", (512, hidden))
-        self._positions = positions[: self.max_tokens].copy()
-        # Every token has type 0: one text, never a pair.
-        self._token_type = get("embeddings.token_type_embeddings.weight", (2, hidden))[0].copy()
-        self._embedding_norm = (
-            get("embeddings.LayerNorm.weight", (hidden,)),
-            get("embeddings.LayerNorm.bias", (hidden,)),
-        )
-        self._layers: list[_Layer] = []
-        for i in range(6):
-            p = f"encoder.layer.{i}."
-            attention = p + "attention."
-            self._layers.append(
-                _Layer(
-                    qkv=np.concatenate(
-                        [
-                            get(f"{attention}self.{part}.weight", (hidden, hidden))
-                            for part in ("query", "key", "value")
-                        ]
-                    ),
-                    qkv_bias=np.concatenate(
-                        [
-                            get(f"{attention}self.{part}.bias", (hidden,))
-                            for part in ("query", "key", "value")
-                        ]
-                    ),
-                    attention_out=get(attention + "output.dense.weight", (hidden, hidden)),
-                    attention_out_bias=get(attention + "output.dense.bias", (hidden,)),
-                    attention_norm=(
-                        get(attention + "output.LayerNorm.weight", (hidden,)),
-                        get(attention + "output.LayerNorm.bias", (hidden,)),
-                    ),
-                    intermediate=get(p + "intermediate.dense.weight", (inner, hidden)),
-                    intermediate_bias=get(p + "intermediate.dense.bias", (inner,)),
-                    output=get(p + "output.dense.weight", (hidden, inner)),
-                    output_bias=get(p + "output.dense.bias", (hidden,)),
-                    output_norm=(
-                        get(p + "output.LayerNorm.weight", (hidden,)),
-                        get(p + "output.LayerNorm.bias", (hidden,)),
-                    ),
-                )
-            )
+        model = _shared_model(self.model_dir, sha256)
+        # Held here, so the model stays shared while this encoder lives.
+        self._model = model
+        self._tokenizer = model.tokenizer
+        self._tokenizer_lock = model.tokenizer_lock
+        self._words = model.words
+        self._positions = model.positions
+        self._token_type = model.token_type
+        self._embedding_norm = model.embedding_norm
+        self._layers = model.layers
 
     def encode(self, texts: Sequence[str]) -> Vectors:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)

@@ -45,8 +45,10 @@ PARAPHRASES = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def encoder() -> LocalEncoder:
+    """The model, loaded once: while this holds it, every daemon's
+    LocalEncoder on the same files shares it instead of loading it again."""
     return LocalEncoder()
 
 

@@ -29,8 +29,10 @@ from tests.test_semantic import NOTES, SCOPE, add_notes, fallbacks, ids, search
 pytestmark = pytest.mark.contract
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def encoder() -> LocalEncoder:
+    """The model, loaded once: while this holds it, every daemon's
+    LocalEncoder on the same files shares it instead of loading it again."""
     return LocalEncoder()
 
 
