@@ -139,6 +139,27 @@ def test_threads_share_one_encoder(encoder: LocalEncoder) -> None:
         np.testing.assert_allclose(result, expected, rtol=0, atol=1e-5)
 
 
+def test_encoders_on_the_same_unchanged_files_share_the_weights(
+    encoder: LocalEncoder, tmp_path: Path
+) -> None:
+    assert LocalEncoder(batch_size=3)._model is encoder._model
+    model_dir = bundled_model_dir()
+    assert model_dir is not None
+    (tmp_path / "model.safetensors").symlink_to(model_dir / "model.safetensors")
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_bytes((model_dir / "tokenizer.json").read_bytes())
+    elsewhere = LocalEncoder(tmp_path)
+    assert elsewhere._model is not encoder._model
+    assert LocalEncoder(tmp_path)._model is elsewhere._model
+    # A file replaced since is read again.
+    replacement = tmp_path / "replacement.json"
+    replacement.write_bytes(tokenizer.read_bytes())
+    replacement.replace(tokenizer)
+    again = LocalEncoder(tmp_path)
+    assert again._model is not elsewhere._model
+    np.testing.assert_allclose(again.encode(["sushi"]), encoder.encode(["sushi"]), atol=1e-6)
+
+
 def test_gelu_follows_the_exact_erf() -> None:
     x = np.linspace(-12, 12, 100_001, dtype=np.float32)
     exact = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(float)]
