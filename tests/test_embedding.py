@@ -233,6 +233,11 @@ class EmbeddingServer(JsonEndpoint):
         return self.payload()
 
 
+# The endpoint's deadline where it is not what a test checks: at the default
+# 2 s a loaded machine could turn an expected http_error into a timeout.
+PATIENT = 30.0
+
+
 @pytest.fixture
 def endpoint() -> Iterator[EmbeddingServer]:
     state = EmbeddingServer()
@@ -243,7 +248,9 @@ def endpoint() -> Iterator[EmbeddingServer]:
 def test_the_endpoint_embeds_in_input_order(endpoint: EmbeddingServer) -> None:
     endpoint.vectors = [[3.0, 4.0], [0.0, -2.0], [1.0, 1.0]]
     endpoint.order = [2, 0, 1]
-    encoder = EndpointEncoder(endpoint.url, "embed-model", api_key="sk-test-123")
+    encoder = EndpointEncoder(
+        endpoint.url, "embed-model", api_key="sk-test-123", timeout_seconds=PATIENT
+    )
     vectors = encoder.encode(["first", "second", "third"])
 
     assert encoder.name == "endpoint:embed-model"
@@ -262,7 +269,7 @@ def test_the_endpoint_embeds_in_input_order(endpoint: EmbeddingServer) -> None:
 
 def test_no_key_no_authorization_header(endpoint: EmbeddingServer) -> None:
     endpoint.vectors = [[1.0, 0.0]]
-    EndpointEncoder(endpoint.url, "m").encode(["x"])
+    EndpointEncoder(endpoint.url, "m", timeout_seconds=PATIENT).encode(["x"])
     assert endpoint.requests[0]["auth"] is None
 
 
@@ -271,7 +278,9 @@ def test_a_large_reply_is_read_whole(endpoint: EmbeddingServer) -> None:
     rng = np.random.default_rng(0)
     endpoint.vectors = rng.standard_normal((64, 1024)).tolist()
     assert len(endpoint.payload()) > 1024 * 1024
-    vectors = EndpointEncoder(endpoint.url, "m").encode([str(i) for i in range(64)])
+    vectors = EndpointEncoder(endpoint.url, "m", timeout_seconds=PATIENT).encode(
+        [str(i) for i in range(64)]
+    )
     assert vectors.shape == (64, 1024)
     expected = np.array(endpoint.vectors)
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
@@ -279,7 +288,7 @@ def test_a_large_reply_is_read_whole(endpoint: EmbeddingServer) -> None:
 
 
 def test_no_texts_ask_nothing(endpoint: EmbeddingServer) -> None:
-    assert EndpointEncoder(endpoint.url, "m").encode([]).shape[0] == 0
+    assert EndpointEncoder(endpoint.url, "m", timeout_seconds=PATIENT).encode([]).shape[0] == 0
     assert endpoint.requests == []
 
 
@@ -287,7 +296,7 @@ def test_an_http_error_status(endpoint: EmbeddingServer) -> None:
     endpoint.vectors = [[1.0]]
     endpoint.status = 500
     with pytest.raises(EncoderError) as caught:
-        EndpointEncoder(endpoint.url, "m").encode(["x"])
+        EndpointEncoder(endpoint.url, "m", timeout_seconds=PATIENT).encode(["x"])
     assert caught.value.reason == "http_error"
     assert isinstance(caught.value, ModelError)
 
@@ -351,7 +360,7 @@ def test_an_http_error_status(endpoint: EmbeddingServer) -> None:
 def test_a_bad_reply(endpoint: EmbeddingServer, raw: bytes) -> None:
     endpoint.raw = raw
     with pytest.raises(EncoderError) as caught:
-        EndpointEncoder(endpoint.url, "m").encode(["x", "y"])
+        EndpointEncoder(endpoint.url, "m", timeout_seconds=PATIENT).encode(["x", "y"])
     assert caught.value.reason == "bad_reply"
 
 
@@ -360,7 +369,7 @@ def test_an_unreachable_endpoint() -> None:
         port = probe.server_address[1]
     # Nothing listens on `port` any more.
     with pytest.raises(EncoderError) as caught:
-        EndpointEncoder(f"http://127.0.0.1:{port}/v1", "m").encode(["x"])
+        EndpointEncoder(f"http://127.0.0.1:{port}/v1", "m", timeout_seconds=PATIENT).encode(["x"])
     assert caught.value.reason == "unreachable"
 
 

@@ -170,12 +170,14 @@ def test_a_lower_dimension_cap_refuses_what_the_default_takes(
 ) -> None:
     endpoint = SwappedModel(encoder=encoder, known=known_vectors, dimension=512)
     with endpoint.serving():
-        assert EndpointEncoder(endpoint.url, "m").encode(["x", "y"]).shape == (2, 512)
+        # Deadlines a loaded machine does not miss: the refusal is checked.
+        uncapped = EndpointEncoder(endpoint.url, "m", timeout_seconds=30)
+        assert uncapped.encode(["x", "y"]).shape == (2, 512)
         flags = {"db": ":memory:"}
         settings = config.load(None, environ={}, flags=flags).server
         capped = dataclasses.replace(
             settings, semantic_encoder="endpoint", semantic_base_url=endpoint.url,
-            semantic_model="m", semantic_max_dimensions=500,
+            semantic_model="m", semantic_max_dimensions=500, semantic_timeout_seconds=30.0,
         )  # fmt: skip
         encoder_of_settings = server.encoder_for(capped)
         assert encoder_of_settings is not None
