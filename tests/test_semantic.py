@@ -334,19 +334,15 @@ def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
     make_sidecar: MakeSidecar, model_endpoint: ModelEndpoint
 ) -> None:
     with model_endpoint.serving():
-        # 1 s, not less: a write that misses it on a busy machine is
-        # embedded by the backfill after the pause (1 s, doubling with each
-        # miss: at 0.3 s a loaded machine missed often and waited 31 s).
-        # Only what the queries below do is counted.
-        running = make_sidecar(endpoint_yaml(model_endpoint, timeout=1.0))
-        add_notes(running)
+        # Embedded by a daemon whose deadline no busy machine misses, so the
+        # one under test has nothing to backfill: only its queries ask.
+        writer = make_sidecar(endpoint_yaml(model_endpoint))
+        add_notes(writer)
+        writer.sidecar.stop(grace=1)
+        running = make_sidecar(endpoint_yaml(model_endpoint, timeout=0.3), db=writer.db)
         semantic = running.sidecar.engine.semantic
         assert semantic is not None
-        deadline = time.monotonic() + 30
-        while (
-            running.store.vectors.unembedded(semantic.model, 0, 10) and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
+        assert running.store.vectors.unembedded(semantic.model, 0, 10) == []
         before, asked = fallbacks(running), len(model_endpoint.requests)
         model_endpoint.delay = 5.0
         for _ in range(3):
