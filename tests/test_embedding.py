@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -421,21 +420,23 @@ def test_a_reply_read_whole_after_the_deadline_is_not_parsed(
     add_notes(lexical)
     endpoint = SameVector()
     with endpoint.serving():
-        running = make_sidecar(
+        yaml_text = (
             f"server: {{semantic_encoder: endpoint, semantic_base_url: '{endpoint.url}',"
-            " semantic_model: m, semantic_timeout_seconds: 0.3}"
+            " semantic_model: m, semantic_timeout_seconds: %s}"
         )
-        add_notes(running)
+        # Embedded by a daemon whose deadline no busy machine misses, so the
+        # one under test has nothing to backfill and its encoder no pause.
+        writer = make_sidecar(yaml_text % 30)
+        add_notes(writer)
+        writer.sidecar.stop(grace=1)
+        running = make_sidecar(yaml_text % 0.3, db=writer.db)
         semantic = running.sidecar.engine.semantic
         assert semantic is not None
-        # A write that missed 0.3 s on a busy machine is backfilled; once
-        # all are embedded the encoder is not paused.
-        deadline = time.monotonic() + 30
-        while running.store.vectors.unembedded(semantic.model, 0, 1):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert running.store.vectors.unembedded(semantic.model, 0, 1) == []
         before, asked = fallbacks(running), len(parsed)
-        endpoint.delay = 1.0
+        # Past the deadline however loaded the machine: the reply only
+        # starts after it.
+        endpoint.delay = 0.5
         hits = search(running, "sushi")
     assert [h.memory.content for h in hits] == [h.memory.content for h in search(lexical, "sushi")]
     assert [h.memory.content for h in hits] == [NOTES[0]]
