@@ -26,7 +26,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import threading
 import time
 import weakref
@@ -34,13 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-# One BLAS thread unless the operator chose otherwise, set before numpy
-# loads OpenBLAS (it reads this once, then). Its own threads spin for a core
-# the daemon's threads share: on two cores a short text cost ~10 times the
-# CPU and 5 to 25 times the time. deploy/Dockerfile sets it too; this covers
-# a daemon started anywhere else. No effect if numpy was imported first.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 import numpy.typing as npt
@@ -331,8 +323,8 @@ class LocalEncoder:
     from many threads: the weights are only read, and only tokenizing takes a
     lock; the numpy work (which releases the GIL) runs unlocked.
 
-    Runs with one BLAS thread (OPENBLAS_NUM_THREADS=1 unless set, see the
-    top of this module): concurrent calls give the parallelism, and
+    Runs with one BLAS thread (OPENBLAS_NUM_THREADS=1 unless set: see
+    sidecar/__init__.py): concurrent calls give the parallelism, and
     OpenBLAS's own threads spin for a core they share with the daemon; on
     two busy cores they made a call 5 to 25 times slower.
 
