@@ -16,8 +16,18 @@ checks it against the imports) and the paths of a write and of a turn.
 - edge: server, service, interceptors, access, paging, tracing.
 - operations: cli, daemon, admin, cagent, console.
 
-Owns: __version__, and nothing else: importing the package loads no module.
+Owns: __version__, and the BLAS thread default below; importing the package
+loads no module.
 """
+
+import os
+
+# One BLAS thread unless the operator chose otherwise, set before any module
+# here imports numpy (OpenBLAS reads it once, when loaded). Its own threads
+# spin for a core the daemon's threads share: on two cores the local encoder
+# took ~10 times the CPU for a short text, and 5 to 25 times as long.
+# deploy/Dockerfile sets it too; this covers a daemon started anywhere else.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __version__ = "0.1.0"
 

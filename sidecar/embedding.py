@@ -15,8 +15,9 @@ fall back to keyword retrieval and count why.
 Owns: the Encoder contract, both encoders, the bundled model's location and
 digest, and encoder_missing (which sidecar.config asks). Must not touch: vectors
 at rest or cached (sidecar.semantic), the store, metrics, configuration (settings
-are arguments). LocalEncoder reads its weights from disk once, when built;
-EndpointEncoder blocks its caller on the network for up to its timeout.
+are arguments). LocalEncoder reads its weights from disk when built (unless
+an encoder alive on the same files has); EndpointEncoder blocks its caller on
+the network for up to its timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +148,10 @@ class _Layer:
 
 
 _SQRT_HALF = np.float32(math.sqrt(0.5))
+# Up to this many tokens a forward pass costs little more than its fixed
+# overhead, so texts of any length share one; past it, a text joins a pass
+# only if padding at most doubles it.
+_PAD_FREELY = 32
 
 
 def _gelu(x: Vectors) -> Vectors:
@@ -182,57 +188,12 @@ def _layer_norm(x: Vectors, weights: tuple[Vectors, Vectors], eps: float = 1e-12
     return centred
 
 
-class LocalEncoder:
-    """all-MiniLM-L6-v2 in numpy: BERT (6 layers, hidden 384, 12 heads), mean
-    pooling over the real tokens, L2 normalisation; texts are cut at 256
-    tokens, as sentence-transformers does.
+class _Model:
+    """What a LocalEncoder reads from a model directory: only read once
+    built, so every encoder on the same unchanged files shares one."""
 
-    Weights load once, in the constructor (~0.3 s, ~110 MB). `encode` is safe
-    from many threads: the weights are only read, and only tokenizing takes a
-    lock; the numpy work (which releases the GIL) runs unlocked.
-
-    Run with OPENBLAS_NUM_THREADS=1: concurrent calls give the parallelism,
-    and OpenBLAS's own threads spin for a core they share with the daemon; on
-    two busy cores they made a call 5 to 25 times slower.
-
-        encoder = LocalEncoder()
-        vectors = encoder.encode(["The deploy runs on Kubernetes", "We ship with k8s"])
-        float(vectors[0] @ vectors[1])  # cosine similarity
-    """
-
-    name = "all-MiniLM-L6-v2"
-    dimension = 384
-    max_tokens = 256
-    _heads = 12
-
-    def __init__(
-        self,
-        model_dir: str | Path | None = None,
-        sha256: str | None = None,
-        *,
-        batch_size: int = 32,
-        max_batch_tokens: int = 2048,
-    ) -> None:
-        """Load from `model_dir`, or from the model package when None (then
-        model.safetensors must have MODEL_SHA256; another directory is
-        checked against `sha256` only if one is given). Raises
-        EncoderError('unavailable') if the extra, the files or the digest
-        are wrong.
-
-        A forward pass takes up to `batch_size` texts and `max_batch_tokens`
-        padded tokens: attention scores are batch x 12 x tokens^2 floats and
-        the feed-forward layer's are batch x tokens x 1536, so long texts go
-        fewer at a time (8 of 256 tokens: ~130 MB at the peak, where 16
-        took ~270 MB and were no faster).
-        """
-        if model_dir is None:
-            model_dir = bundled_model_dir()
-            if model_dir is None:
-                raise EncoderError("unavailable", encoder_missing() or "no model package")
-            sha256 = sha256 or MODEL_SHA256
-        self.model_dir = Path(model_dir)
-        self._batch_size = max(1, batch_size)
-        self._max_batch_tokens = max(self.max_tokens, max_batch_tokens)
+    def __init__(self, model_dir: Path, sha256: str | None) -> None:
+        """Raises EncoderError('unavailable') as LocalEncoder() does."""
         try:
             from safetensors.numpy import load as load_safetensors
             from tokenizers import Tokenizer
@@ -241,8 +202,8 @@ class LocalEncoder:
                 "unavailable", f"{exc}: pip install 'memory-sidecar[semantic]'"
             ) from None
         try:
-            raw = (self.model_dir / "model.safetensors").read_bytes()
-            tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+            raw = (model_dir / "model.safetensors").read_bytes()
+            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:  # OSError, or the tokenizer's own parse error
             raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
         if sha256 is not None:
@@ -250,20 +211,19 @@ class LocalEncoder:
             if digest != sha256.lower():
                 raise EncoderError(
                     "unavailable",
-                    f"{self.model_dir / 'model.safetensors'} has sha256 {digest}, "
-                    f"expected {sha256}",
+                    f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
                 )
         # tokenizer.json itself says 128 tokens, padded to 128; the model was
         # trained, and sentence-transformers runs it, at 256 and pads per
-        # batch (done here, after sorting by length).
-        tokenizer.enable_truncation(max_length=self.max_tokens)
+        # batch (done in encode, after sorting by length).
+        tokenizer.enable_truncation(max_length=LocalEncoder.max_tokens)
         tokenizer.no_padding()
-        self._tokenizer: Tokenizer = tokenizer
+        self.tokenizer: Tokenizer = tokenizer
         # Configured once, then only encoded with, which the bindings allow
         # from many threads; the lock is cheap insurance (tokenizing is a
         # small share of a call) against versions where encoding borrows
         # the tokenizer mutably ("RuntimeError: Already borrowed").
-        self._tokenizer_lock = threading.Lock()
+        self.tokenizer_lock = threading.Lock()
         try:
             self._load(load_safetensors(raw))
         except Exception as exc:  # a truncated file, a missing or misshapen tensor
@@ -276,21 +236,21 @@ class LocalEncoder:
                 raise ValueError(f"{key} has shape {array.shape}, expected {shape}")
             return np.ascontiguousarray(array, dtype=np.float32)
 
-        hidden, inner = self.dimension, 4 * self.dimension
-        self._words = get("embeddings.word_embeddings.weight", (30522, hidden))
+        hidden, inner = LocalEncoder.dimension, 4 * LocalEncoder.dimension
+        self.words = get("embeddings.word_embeddings.weight", (30522, hidden))
         positions = get("embeddings.position_embeddings.weight", (512, hidden))
-        self._positions = positions[: self.max_tokens].copy()
+        self.positions = positions[: LocalEncoder.max_tokens].copy()
         # Every token has type 0: one text, never a pair.
-        self._token_type = get("embeddings.token_type_embeddings.weight", (2, hidden))[0].copy()
-        self._embedding_norm = (
+        self.token_type = get("embeddings.token_type_embeddings.weight", (2, hidden))[0].copy()
+        self.embedding_norm = (
             get("embeddings.LayerNorm.weight", (hidden,)),
             get("embeddings.LayerNorm.bias", (hidden,)),
         )
-        self._layers: list[_Layer] = []
+        self.layers: list[_Layer] = []
         for i in range(6):
             p = f"encoder.layer.{i}."
             attention = p + "attention."
-            self._layers.append(
+            self.layers.append(
                 _Layer(
                     qkv=np.concatenate(
                         [
@@ -321,6 +281,103 @@ class LocalEncoder:
                 )
             )
 
+
+# Models loaded, while some encoder holds one (weakly: one dropped by every
+# encoder is freed). A second encoder in the process on the same unchanged
+# files (another Sidecar, a daemon restarted in place) shares its ~110 MB
+# and skips ~0.8 s of CPU reading, hashing and parsing them.
+_models: weakref.WeakValueDictionary[tuple[object, ...], _Model] = weakref.WeakValueDictionary()
+_models_lock = threading.Lock()
+
+
+def _shared_model(model_dir: Path, sha256: str | None) -> _Model:
+    """The model in `model_dir` checked against `sha256`, loaded or shared.
+    The files' identity (inode, size, mtime) is part of the key, so files
+    replaced since are read, and checked, again."""
+    try:
+        identity = tuple(
+            (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+            for found in (
+                (model_dir / name).stat() for name in ("model.safetensors", "tokenizer.json")
+            )
+        )
+        key = (str(model_dir.resolve()), sha256.lower() if sha256 else None, identity)
+    except OSError as exc:
+        raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
+    # Held while loading, so two encoders built at once load it once.
+    with _models_lock:
+        model = _models.get(key)
+        if model is None:
+            model = _Model(model_dir, sha256)
+            _models[key] = model
+        return model
+
+
+class LocalEncoder:
+    """all-MiniLM-L6-v2 in numpy: BERT (6 layers, hidden 384, 12 heads), mean
+    pooling over the real tokens, L2 normalisation; texts are cut at 256
+    tokens, as sentence-transformers does.
+
+    Weights load once, in the constructor (~0.8 s of CPU, ~110 MB), shared
+    with any other LocalEncoder alive on the same files. `encode` is safe
+    from many threads: the weights are only read, and only tokenizing takes a
+    lock; the numpy work (which releases the GIL) runs unlocked.
+
+    Runs with one BLAS thread (OPENBLAS_NUM_THREADS=1 unless set: see
+    sidecar/__init__.py): concurrent calls give the parallelism, and
+    OpenBLAS's own threads spin for a core they share with the daemon; on
+    two busy cores they made a call 5 to 25 times slower.
+
+        encoder = LocalEncoder()
+        vectors = encoder.encode(["The deploy runs on Kubernetes", "We ship with k8s"])
+        float(vectors[0] @ vectors[1])  # cosine similarity
+    """
+
+    name = "all-MiniLM-L6-v2"
+    dimension = 384
+    max_tokens = 256
+    _heads = 12
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        sha256: str | None = None,
+        *,
+        batch_size: int = 32,
+        max_batch_tokens: int = 2048,
+    ) -> None:
+        """Load from `model_dir`, or from the model package when None (then
+        model.safetensors must have MODEL_SHA256; another directory is
+        checked against `sha256` only if one is given). Raises
+        EncoderError('unavailable') if the extra, the files or the digest
+        are wrong.
+
+        A forward pass takes up to `batch_size` texts and `max_batch_tokens`
+        padded tokens: attention scores are batch x 12 x tokens^2 floats and
+        the feed-forward layer's are batch x tokens x 1536, so long texts go
+        fewer at a time (8 of 256 tokens: ~130 MB at the peak, where 16
+        took ~270 MB and were no faster). Texts are padded to the longest of
+        their pass, and past 32 tokens never to more than twice their length.
+        """
+        if model_dir is None:
+            model_dir = bundled_model_dir()
+            if model_dir is None:
+                raise EncoderError("unavailable", encoder_missing() or "no model package")
+            sha256 = sha256 or MODEL_SHA256
+        self.model_dir = Path(model_dir)
+        self._batch_size = max(1, batch_size)
+        self._max_batch_tokens = max(self.max_tokens, max_batch_tokens)
+        model = _shared_model(self.model_dir, sha256)
+        # Held here, so the model stays shared while this encoder lives.
+        self._model = model
+        self._tokenizer = model.tokenizer
+        self._tokenizer_lock = model.tokenizer_lock
+        self._words = model.words
+        self._positions = model.positions
+        self._token_type = model.token_type
+        self._embedding_norm = model.embedding_norm
+        self._layers = model.layers
+
     def encode(self, texts: Sequence[str]) -> Vectors:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         if not texts:
@@ -335,7 +392,18 @@ class LocalEncoder:
         start = 0
         while start < len(order):
             longest = len(ids[order[start]])
-            count = min(self._batch_size, max(1, self._max_batch_tokens // longest))
+            end = min(
+                len(order), start + self._batch_size, start + self._max_batch_tokens // longest
+            )
+            # A shorter text joins only while padding it to `longest` costs
+            # less than a pass of its own: seven short texts padded to one of
+            # 256 tokens took 4 times the CPU of separate passes; 64 notes of
+            # 5 to 150 words took no more CPU for the extra passes.
+            count = 1
+            while start + count < end and (
+                longest <= _PAD_FREELY or 2 * len(ids[order[start + count]]) >= longest
+            ):
+                count += 1
             batch = order[start : start + count]
             token_ids = np.zeros((len(batch), longest), dtype=np.int64)  # 0 is [PAD]
             mask = np.zeros((len(batch), longest), dtype=bool)

@@ -24,27 +24,41 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.embedding import EncoderError, EndpointEncoder, LocalEncoder
 from tests.conftest import MakeSidecar, Running
 from tests.endpoint import JsonEndpoint
-from tests.test_semantic import NOTES, SCOPE, add_notes, fallbacks, ids, search
+from tests.test_semantic import (
+    NOTES,
+    SCOPE,
+    ModelEndpoint,
+    add_notes,
+    fallbacks,
+    ids,
+    search,
+)
 
 pytestmark = pytest.mark.contract
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def encoder() -> LocalEncoder:
+    """The model, loaded once: while this holds it, every daemon's
+    LocalEncoder on the same files shares it instead of loading it again."""
     return LocalEncoder()
 
 
+@pytest.fixture(scope="module")
+def known_vectors() -> dict[str, list[float]]:
+    """Vectors the endpoints below computed, shared by them (ModelEndpoint)."""
+    return {}
+
+
 @dataclass
-class SwappedModel(JsonEndpoint):
+class SwappedModel(ModelEndpoint):
     """/v1/embeddings of the real model, its vectors padded with zeros to
     `dimension` (384 or more): a model swapped behind the same name."""
 
-    encoder: LocalEncoder | None = None
     dimension: int = 384
 
     def answer(self, body: dict[str, Any]) -> bytes:
-        assert self.encoder is not None
-        vectors = self.encoder.encode(body["input"])
+        vectors = np.array(self.vectors(body["input"]), dtype=np.float32)
         padded = np.zeros((len(vectors), self.dimension), dtype=np.float32)
         padded[:, : vectors.shape[1]] = vectors
         data = [
@@ -54,7 +68,9 @@ class SwappedModel(JsonEndpoint):
         return json.dumps({"object": "list", "data": data}).encode()
 
 
-def _yaml(url: str, timeout: float = 5.0) -> str:
+# A deadline no busy machine misses where it is not what a test checks: at 5 s
+# a loaded machine missed it (a backfill failed, a fallback was counted).
+def _yaml(url: str, timeout: float = 30.0) -> str:
     return (
         f"server: {{semantic_encoder: endpoint, semantic_base_url: '{url}',"
         f" semantic_model: minilm, semantic_timeout_seconds: {timeout}}}"
@@ -78,9 +94,9 @@ def _wait_embedded(running: Running, dimension: int, count: int) -> None:
 
 
 def test_a_model_of_another_dimension_under_the_same_name_fails_no_call(
-    make_sidecar: MakeSidecar, encoder: LocalEncoder
+    make_sidecar: MakeSidecar, encoder: LocalEncoder, known_vectors: dict[str, list[float]]
 ) -> None:
-    endpoint = SwappedModel(encoder=encoder)
+    endpoint = SwappedModel(encoder=encoder, known=known_vectors)
     with endpoint.serving():
         running = make_sidecar(_yaml(endpoint.url), name="swap.db")
         notes = add_notes(running)
@@ -149,15 +165,19 @@ def test_a_reply_of_two_million_dimensions_is_refused_before_it_is_parsed() -> N
     assert peak < 16 * 1024 * 1024
 
 
-def test_a_lower_dimension_cap_refuses_what_the_default_takes(encoder: LocalEncoder) -> None:
-    endpoint = SwappedModel(encoder=encoder, dimension=512)
+def test_a_lower_dimension_cap_refuses_what_the_default_takes(
+    encoder: LocalEncoder, known_vectors: dict[str, list[float]]
+) -> None:
+    endpoint = SwappedModel(encoder=encoder, known=known_vectors, dimension=512)
     with endpoint.serving():
-        assert EndpointEncoder(endpoint.url, "m").encode(["x", "y"]).shape == (2, 512)
+        # Deadlines a loaded machine does not miss: the refusal is checked.
+        uncapped = EndpointEncoder(endpoint.url, "m", timeout_seconds=30)
+        assert uncapped.encode(["x", "y"]).shape == (2, 512)
         flags = {"db": ":memory:"}
         settings = config.load(None, environ={}, flags=flags).server
         capped = dataclasses.replace(
             settings, semantic_encoder="endpoint", semantic_base_url=endpoint.url,
-            semantic_model="m", semantic_max_dimensions=500,
+            semantic_model="m", semantic_max_dimensions=500, semantic_timeout_seconds=30.0,
         )  # fmt: skip
         encoder_of_settings = server.encoder_for(capped)
         assert encoder_of_settings is not None
@@ -194,13 +214,13 @@ def test_a_daemon_asking_an_enormous_endpoint_answers_with_keywords(
 
 
 def test_the_pass_that_learns_a_new_dimension_replaces_the_old_one_s_vectors(
-    make_sidecar: MakeSidecar, encoder: LocalEncoder
+    make_sidecar: MakeSidecar, encoder: LocalEncoder, known_vectors: dict[str, list[float]]
 ) -> None:
     """A start's first backfill pass, knowing no dimension yet, looks for
     entries without any vector: the one it finds (written last) tells it
     the new dimension. The old-dimension vectors before it are replaced
     at once too, without a call, not at the next periodic pass."""
-    endpoint = SwappedModel(encoder=encoder)
+    endpoint = SwappedModel(encoder=encoder, known=known_vectors)
     with endpoint.serving():
         first = make_sidecar(_yaml(endpoint.url), name="learnt.db")
         add_notes(first)

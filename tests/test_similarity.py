@@ -18,6 +18,7 @@ from sidecar import config
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.compact import CompactPartition
 from sidecar.config import AgentSettings
+from sidecar.embedding import LocalEncoder
 from sidecar.errors import ConfigError
 from sidecar.memory import Tier
 from sidecar.similarity import COSINE_WEIGHT, lexical, pair, score, term_set
@@ -202,8 +203,15 @@ HATES = "User hates long meetings"
 DISLIKES = "The user strongly dislikes lengthy meetings"
 
 
+@pytest.fixture(scope="module")
+def loaded_model() -> LocalEncoder:
+    """Held while the module runs: the daemons' encoders share its weights
+    instead of loading them once per backend."""
+    return LocalEncoder()
+
+
 def test_a_paraphrase_sharing_few_words_is_caught_with_semantic_retrieval(
-    make_sidecar: MakeSidecar,
+    make_sidecar: MakeSidecar, loaded_model: LocalEncoder
 ) -> None:
     lexical_only = make_sidecar(REFUSE, name="lexical.db")
     lexical_only.add(HATES, scope=SCOPE, tier=USER)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.embedding import LocalEncoder
 from sidecar.memory import Tier
 from tests.conftest import MakeSidecar
 from tests.test_semantic import LOCAL, NOTES, add_notes
@@ -11,7 +12,16 @@ from tests.test_semantic import LOCAL, NOTES, add_notes
 pytestmark = pytest.mark.contract
 
 
-def test_vectors_are_stored_per_model(make_sidecar: MakeSidecar) -> None:
+@pytest.fixture(scope="module")
+def loaded_model() -> LocalEncoder:
+    """Held while the module runs: the daemons' encoders share its weights
+    instead of loading them once per backend."""
+    return LocalEncoder()
+
+
+def test_vectors_are_stored_per_model(
+    make_sidecar: MakeSidecar, loaded_model: LocalEncoder
+) -> None:
     running = make_sidecar(LOCAL)
     add_notes(running)
     # Another encoder's name: none of these vectors are its.
