@@ -95,10 +95,11 @@ def test_a_restore_leaves_out_ids_already_present_and_repeated(make_sidecar: Mak
     entries[ROWS_PER_INSERT + 1 : ROWS_PER_INSERT + 1] = [("coder", again), ("ada", repeat)]
     inserted, present = archive.restore(running.store, entries)
     assert (inserted, present) == (count, [kept.id, "r7"])
-    profile = listed(running, SCOPE, pb.TIER_USER)
-    assert [m.id for m in profile] == [f"r{n}" for n in range(count)]
-    assert {m.content for m in profile if m.id == "r7"} == {"restored 7"}
-    assert [m.content for m in listed(running, SCOPE, pb.TIER_MEMORY)] == [kept.content]
+    stored = running.store.list_memories(Scope("coder", "ada"), [Tier.USER, Tier.MEMORY])[0]
+    by_tier = {t: [m for m in stored if m.tier is t] for t in Tier}
+    assert [m.id for m in by_tier[Tier.USER]] == [f"r{n}" for n in range(count)]
+    assert {m.content for m in by_tier[Tier.USER] if m.id == "r7"} == {"restored 7"}
+    assert [m.content for m in by_tier[Tier.MEMORY]] == [kept.content]
     usage = running.store.usage(Scope("coder", "ada"), [Tier.USER])[Tier.USER]
     assert usage.entry_count == count
 
