@@ -93,12 +93,18 @@ def test_a_restore_leaves_out_ids_already_present_and_repeated(make_sidecar: Mak
     again = Memory(kept.id, Tier.MEMORY, "a different content", "", 1.0, moment, moment)
     repeat = Memory("r7", Tier.USER, "r7 given twice", "", 1.0, moment, moment)
     entries[ROWS_PER_INSERT + 1 : ROWS_PER_INSERT + 1] = [("coder", again), ("ada", repeat)]
+    # And one repeated within its batch.
+    twice = Memory("r3", Tier.USER, "r3 given twice", "", 1.0, moment, moment)
+    entries.insert(5, ("ada", twice))
     inserted, present = archive.restore(running.store, entries)
-    assert (inserted, present) == (count, [kept.id, "r7"])
+    assert (inserted, present) == (count, ["r3", kept.id, "r7"])
     stored = running.store.list_memories(Scope("coder", "ada"), [Tier.USER, Tier.MEMORY])[0]
     by_tier = {t: [m for m in stored if m.tier is t] for t in Tier}
     assert [m.id for m in by_tier[Tier.USER]] == [f"r{n}" for n in range(count)]
-    assert {m.content for m in by_tier[Tier.USER] if m.id == "r7"} == {"restored 7"}
+    assert [m.content for m in by_tier[Tier.USER] if m.id in ("r3", "r7")] == [
+        "restored 3",
+        "restored 7",
+    ]
     assert [m.content for m in by_tier[Tier.MEMORY]] == [kept.content]
     usage = running.store.usage(Scope("coder", "ada"), [Tier.USER])[Tier.USER]
     assert usage.entry_count == count
