@@ -21,6 +21,7 @@ import pytest
 
 from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.erasure import Erased, Erasure
 from sidecar.memory import Scope, Tier
 from sidecar.store import Store
@@ -33,7 +34,7 @@ from tests.conftest import (
 )
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
-from tests.test_export import UNLIMITED, export, exporting
+from tests.test_export import UNLIMITED, export
 from tests.test_export import seed as seed_export
 
 pytestmark = pytest.mark.contract
@@ -316,17 +317,30 @@ def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar)
 def test_an_export_running_over_an_erased_scope_ends_aborted(
     make_sidecar: MakeSidecar, where: str
 ) -> None:
-    running = make_sidecar(UNLIMITED)
-    eraser = running if where == "same replica" else make_sidecar(UNLIMITED)
-    # Megabytes: the daemon cannot have sent it all before the erasure.
+    # The default heartbeat: on the other replica the stream ends once its
+    # feed delivers the erasure, which a loaded machine may delay past a
+    # short heartbeat's settle time (an export's snapshot is not checked
+    # against the generations while its feed is unverified).
+    running = make_sidecar(UNLIMITED, change_heartbeat_ms=1000)
+    eraser = (
+        running if where == "same replica" else make_sidecar(UNLIMITED, change_heartbeat_ms=1000)
+    )
     seed_export(running, 1200, 4000)
-    stream = exporting(running, scope=ADA, tier=pb.TIER_USER, batch_size=10)
-    first = next(stream)
-    assert not first.done
-    forget(eraser)
-    with pytest.raises(grpc.RpcError) as raised:
-        for _ in stream:
-            pass
+    # Megabytes, read through a channel whose flow-control window stays at
+    # its initial 64 KiB (no BDP probing, which grew it past the whole
+    # export on a loaded machine): the daemon cannot have sent it all
+    # before the erasure.
+    with grpc.insecure_channel(
+        running.addresses.api, options=[("grpc.http2.bdp_probe", 0)]
+    ) as channel:
+        request = pb.ExportMemoriesRequest(scope=ADA, tier=pb.TIER_USER, batch_size=10)
+        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=60)
+        first = next(stream)
+        assert not first.done
+        forget(eraser)
+        with pytest.raises(grpc.RpcError) as raised:
+            for _ in stream:
+                pass
     assert raised.value.code() == grpc.StatusCode.ABORTED
     assert error_info(raised.value).reason == "SCOPE_ERASED"
     assert "export again" in raised.value.details()
