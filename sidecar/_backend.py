@@ -73,6 +73,9 @@ SESSION_EVENTS_KEPT_SECONDS = 3600
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
 # write at 10,000 entries).
 CONTENT_INDEX = "(owner, tier, content_sha256, seq)"
+# Rows per multi-row INSERT of a bulk write (a restore): one round trip per
+# batch, well under SQLite's 32,766 parameters and PostgreSQL's 65,535.
+ROWS_PER_INSERT = 500
 Step = Callable[[Any], None]
 # sql -> a context manager the statement runs inside (sidecar.tracing).
 StatementSpan = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -279,6 +282,22 @@ class Backend(abc.ABC):
             f" VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
             (generation, owner, tier, kind, memory_id, at),
         )
+
+    def append_events(
+        self, generation: int, owner: str, tier: str, kind: str, memory_ids: Sequence[str], at: int
+    ) -> None:
+        """append_event for many entries of one write: one statement per
+        batch of rows, not per row (a restore logs an event per entry)."""
+        p = self.db.param
+        for start in range(0, len(memory_ids), ROWS_PER_INSERT):
+            batch = memory_ids[start : start + ROWS_PER_INSERT]
+            values = ", ".join([f"({p}, {p}, {p}, {p}, {p}, {p})"] * len(batch))
+            params = [v for m in batch for v in (generation, owner, tier, kind, m, at)]
+            self.db.execute_sql(
+                f"INSERT INTO {EVENTS_TABLE} (generation, owner, tier, kind, memory_id, at)"
+                f" VALUES {values}",
+                params,
+            )
 
     def publish_session_event(self, payload: str, at: int) -> None:
         """Add a session event for other processes' pollers (SQLite's feed),

@@ -92,6 +92,10 @@ class Statements:
         self.by_id = Template(
             Row.select(*columns).where(Row.memory_id == "\x00id"), {"id": "\x00id"}
         )
+        # Whether an id is taken (by any row, expired or not): no columns read.
+        self.taken = Template(
+            Row.select(Row.seq).where(Row.memory_id == "\x00id").limit(1), {"id": "\x00id"}
+        )
         values = {
             "memory_id": "\x00id",
             "tier": "\x00tier",
@@ -106,6 +110,9 @@ class Statements:
             "expires_at": -1_000_006,
         }
         self.insert = Template(Row.insert(**values), values)
+        self._insert_values = values
+        self._insert_params = Row.insert(**values).sql()[1]
+        self._inserts: dict[int, str] = {}
         changes = {
             "content": "\x00content",
             "content_chars": -1_000_001,
@@ -119,6 +126,17 @@ class Statements:
             Row.update(**changes).where(Row.seq == -1_000_004), {**changes, "seq": -1_000_004}
         )
         self.delete = Template(Row.delete().where(Row.seq == -1_000_004), {"seq": -1_000_004})
+
+    def insert_rows(self, count: int) -> str:
+        """`insert` for `count` rows in one statement (a bulk write's): its
+        parameters are each row's `insert.params`, one row after another."""
+        sql = self._inserts.get(count)
+        if sql is None:
+            sql, params = self._row.insert_many([self._insert_values] * count).sql()
+            if params != self._insert_params * count:  # pragma: no cover - Peewee's rendering
+                raise RuntimeError("a multi-row insert's parameters are not row by row")
+            self._inserts[count] = sql
+        return sql
 
     def by_seqs(
         self, owner: str, tier: str, seqs: Sequence[int], now: int = KEEP_EXPIRED

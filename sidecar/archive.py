@@ -27,6 +27,7 @@ engine, service or server, ranking, compact, grpc.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from operator import attrgetter
 from typing import Any
 
 from sidecar import schema
-from sidecar._backend import PartitionState
+from sidecar._backend import ROWS_PER_INSERT, PartitionState
 from sidecar._statements import Record, unexpired
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
@@ -206,49 +207,71 @@ def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, l
     """Insert entries exactly as given, in one transaction.
 
     Returns how many were inserted and the ids left out because an entry
-    with that id already exists. Budgets are not applied: this restores
-    what a store held, it does not write on an agent's behalf.
+    with that id already exists (or came earlier in `entries`). Budgets are
+    not applied: this restores what a store held, it does not write on an
+    agent's behalf. Entries go in batches (one lookup and one multi-row
+    INSERT each), not a statement per entry.
     """
     tables = store.tables
-    backend, Row = tables.backend, tables.rows
+    backend = tables.backend
     inserted, present = 0, []
     states: dict[tuple[str, Tier], PartitionState] = {}
     # Each partition's inserted ids: their `add` events, for WatchMemories.
     added: dict[tuple[str, Tier], list[str]] = {}
+    seen: set[str] = set()
     with backend.guard(), backend.db.connection_context(), backend.write_transaction():
-        for owner, memory in entries:
-            if Row.select().where(Row.memory_id == memory.id).exists():
-                present.append(memory.id)
-                continue
-            key = (owner, memory.tier)
-            if key not in states:
-                states[key] = backend.lock_partition(owner, memory.tier.value)
-            state = states[key]
-            states[key] = state._replace(
-                content_chars=state.content_chars + len(memory.content),
-                entry_count=state.entry_count + 1,
-            )
-            tables.insert(
-                memory.id,
-                owner,
-                memory.tier,
-                memory.content,
-                memory.category,
-                memory.confidence,
-                to_micros(memory.created_at),
-                updated_at=to_micros(memory.updated_at),
-                expires_at=to_micros(memory.expires_at) if memory.expires_at else None,
-            )
-            added.setdefault(key, []).append(memory.id)
-            inserted += 1
+        for batch in _batches(entries, ROWS_PER_INSERT):
+            taken = tables.taken_of([memory.id for _, memory in batch])
+            rows: list[Record] = []
+            for owner, memory in batch:
+                if memory.id in taken or memory.id in seen:
+                    present.append(memory.id)
+                    continue
+                seen.add(memory.id)
+                key = (owner, memory.tier)
+                if key not in states:
+                    states[key] = backend.lock_partition(owner, memory.tier.value)
+                state = states[key]
+                states[key] = state._replace(
+                    content_chars=state.content_chars + len(memory.content),
+                    entry_count=state.entry_count + 1,
+                )
+                rows.append(_record(owner, memory))
+                added.setdefault(key, []).append(memory.id)
+            tables.insert_many(rows)
+            inserted += len(rows)
         now = to_micros(store.clock())
         for (owner, tier), state in states.items():
             generation = tables.advance(owner, tier, state)
-            for memory_id in added.get((owner, tier), ()):
-                tables.logged(owner, tier, generation, "add", memory_id, now)
+            tables.logged_many(owner, tier, generation, "add", added.get((owner, tier), []), now)
     if inserted:
         schema.analyze(backend)
     return inserted, present
+
+
+def _batches(
+    entries: Iterable[tuple[str, Memory]], size: int
+) -> Iterator[list[tuple[str, Memory]]]:
+    """`size` entries at a time (itertools.batched is Python 3.12's)."""
+    iterator = iter(entries)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _record(owner: str, memory: Memory) -> Record:
+    return Record(
+        0,
+        memory.id,
+        memory.tier.value,
+        owner,
+        memory.content,
+        len(memory.content),
+        memory.category,
+        memory.confidence,
+        to_micros(memory.created_at),
+        to_micros(memory.updated_at),
+        to_micros(memory.expires_at) if memory.expires_at else None,
+    )
 
 
 def import_entries(
@@ -263,7 +286,7 @@ def import_entries(
     owner = scope.owner(tier)
     report = ImportReport()
     tables = store.tables
-    backend, Row = tables.backend, tables.rows
+    backend = tables.backend
     with backend.guard(), backend.db.connection_context(), backend.write_transaction():
         locked = backend.lock_partition(owner, tier.value)
         # As every write: the tier's expired rows go first (at most a
@@ -278,7 +301,7 @@ def import_entries(
             if not entry.content:
                 report.skipped.append((entry, "empty content"))
                 continue
-            if Row.select().where(Row.memory_id == entry.id).exists():
+            if tables.taken(entry.id):
                 report.skipped.append((entry, "id already present"))
                 continue
             if tables.identical(owner, tier, entry.content, now) is not None:

@@ -19,7 +19,9 @@ from typing import Any
 import grpc
 import pytest
 
+from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.erasure import Erased, Erasure
 from sidecar.memory import Scope, Tier
 from sidecar.store import Store
@@ -29,11 +31,10 @@ from tests.conftest import (
     Running,
     error_info,
     refused,
-    run_sidecar,
 )
 from tests.test_access import with_token
 from tests.test_access_tokens import sha256, write_tokens
-from tests.test_export import UNLIMITED, export, exporting
+from tests.test_export import UNLIMITED, export
 from tests.test_export import seed as seed_export
 
 pytestmark = pytest.mark.contract
@@ -44,6 +45,24 @@ NOTE = "The repo deploys with ArgoCD"
 SETTLE_SECONDS = 10.0
 # B freezes its block until compaction for this agent.
 FROZEN = "agents: {frozen: {snapshot_refresh: on_compaction}}\n"
+
+
+# The daemons' PostgreSQL heartbeat (default 1000 ms). ForgetUser and
+# DeleteScope wait out four heartbeats (a feed goes unverified after three)
+# before they answer: 1.2 s instead of 4 s, about SQLite's poller (1 s
+# unverified, 1.025 s wait), which every test here passes under too.
+HEARTBEAT_MS = 300
+
+
+@pytest.fixture
+def make_sidecar(make_sidecar: MakeSidecar) -> MakeSidecar:
+    """conftest's make_sidecar, with a shorter heartbeat unless a test sets one."""
+
+    def make(*args: Any, **server: Any) -> Running:
+        server.setdefault("change_heartbeat_ms", HEARTBEAT_MS)
+        return make_sidecar(*args, **server)
+
+    return make
 
 
 def eventually(check: Callable[[], bool], what: str) -> None:
@@ -119,7 +138,9 @@ def test_after_forget_user_returns_no_replica_shows_the_user(make_sidecar: MakeS
 def test_a_replica_whose_feed_stalled_stops_trusting_its_caches_before_the_call_returns(
     make_sidecar: MakeSidecar,
 ) -> None:
-    a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
+    # The default heartbeat: B must still trust its caches right after its
+    # feed stops, however loaded the machine.
+    a, b = (make_sidecar(FROZEN, change_heartbeat_ms=1000) for _ in range(2))
     frozen = seed_and_show(a, b)
     feed = b.sidecar.engine.feed
     assert feed is not None
@@ -296,17 +317,30 @@ def test_a_cached_turn_after_an_erasure_runs_no_query(make_sidecar: MakeSidecar)
 def test_an_export_running_over_an_erased_scope_ends_aborted(
     make_sidecar: MakeSidecar, where: str
 ) -> None:
-    running = make_sidecar(UNLIMITED)
-    eraser = running if where == "same replica" else make_sidecar(UNLIMITED)
-    # Megabytes: the daemon cannot have sent it all before the erasure.
+    # The default heartbeat: on the other replica the stream ends once its
+    # feed delivers the erasure, which a loaded machine may delay past a
+    # short heartbeat's settle time (an export's snapshot is not checked
+    # against the generations while its feed is unverified).
+    running = make_sidecar(UNLIMITED, change_heartbeat_ms=1000)
+    eraser = (
+        running if where == "same replica" else make_sidecar(UNLIMITED, change_heartbeat_ms=1000)
+    )
     seed_export(running, 1200, 4000)
-    stream = exporting(running, scope=ADA, tier=pb.TIER_USER, batch_size=10)
-    first = next(stream)
-    assert not first.done
-    forget(eraser)
-    with pytest.raises(grpc.RpcError) as raised:
-        for _ in stream:
-            pass
+    # Megabytes, read through a channel whose flow-control window stays at
+    # its initial 64 KiB (no BDP probing, which grew it past the whole
+    # export on a loaded machine): the daemon cannot have sent it all
+    # before the erasure.
+    with grpc.insecure_channel(
+        running.addresses.api, options=[("grpc.http2.bdp_probe", 0)]
+    ) as channel:
+        request = pb.ExportMemoriesRequest(scope=ADA, tier=pb.TIER_USER, batch_size=10)
+        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=60)
+        first = next(stream)
+        assert not first.done
+        forget(eraser)
+        with pytest.raises(grpc.RpcError) as raised:
+            for _ in stream:
+                pass
     assert raised.value.code() == grpc.StatusCode.ABORTED
     assert error_info(raised.value).reason == "SCOPE_ERASED"
     assert "export again" in raised.value.details()
@@ -380,7 +414,7 @@ def test_a_repeat_erases_nothing_answers_zeros_and_is_audited(make_sidecar: Make
 
 
 def test_the_audit_log_says_who_what_when_and_how_many_never_content(
-    make_sidecar: MakeSidecar, tmp_path: Path
+    make_sidecar: MakeSidecar, capsys: pytest.CaptureFixture[str]
 ) -> None:
     running = make_sidecar()
     running.add(SECRET, scope=ADA, tier=pb.TIER_USER)
@@ -390,22 +424,25 @@ def test_the_audit_log_says_who_what_when_and_how_many_never_content(
     logged = rows(running, "SELECT * FROM audit_log ORDER BY id")
     assert "swordfish" not in repr(logged)
     assert "ArgoCD" not in repr(logged)
-    result = run_sidecar("audit", "--db", running.db)
-    assert result.returncode == 0, result.stderr
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    # `memory-sidecar audit`, in this process (a subprocess per command
+    # cost a second of start-up each).
+    capsys.readouterr()
+    assert cli.main(["audit", "--db", running.db], environ={}) == 0
+    result = capsys.readouterr()
+    lines = [json.loads(line) for line in result.out.splitlines()]
     assert [line["action"] for line in lines] == ["ForgetUser", "DeleteScope"]
     assert lines[0]["actor"] == "unauthenticated"
     assert lines[0]["target"] == {"user_id": "ada"}
     assert lines[0]["counts"]["memories"] == 1
     assert lines[1]["target"] == {"agent_id": "coder", "user_id": "ada", "tiers": "memory"}
     assert datetime.fromisoformat(lines[0]["at"]).tzinfo is not None
-    assert "swordfish" not in result.stdout
-    limited = run_sidecar("audit", "--db", running.db, "--limit", "1")
-    assert [json.loads(line)["action"] for line in limited.stdout.splitlines()] == ["DeleteScope"]
+    assert "swordfish" not in result.out
+    assert cli.main(["audit", "--db", running.db, "--limit", "1"], environ={}) == 0
+    limited = capsys.readouterr().out
+    assert [json.loads(line)["action"] for line in limited.splitlines()] == ["DeleteScope"]
     later = datetime.now(UTC).isoformat()
-    since = run_sidecar("audit", "--db", running.db, "--since", later)
-    assert since.returncode == 0
-    assert since.stdout == ""
+    assert cli.main(["audit", "--db", running.db, "--since", later], environ={}) == 0
+    assert capsys.readouterr().out == ""
 
 
 # --- who may erase ----------------------------------------------------------------

@@ -25,7 +25,12 @@ from tests.test_erasure import SECRET
 
 pytestmark = pytest.mark.contract
 
-BIG = 30_000
+# Enough that the erasure's transaction lasts long enough to be caught in
+# it (`writing`), and that an erasure committed in parts would still be
+# caught between two of them (`visible`): with each statement committed on
+# its own, `visible` found the vectors gone and the rows left every time,
+# down to 1,000 entries, on both backends.
+BIG = 10_000
 
 
 def seed(db: str) -> None:
@@ -39,16 +44,19 @@ def seed(db: str) -> None:
     entries.append(("bob", Memory("bob", Tier.USER, "Bob's fact", "", 1.0, now, now)))
     archive.restore(store, entries)
     # And a vector and an idempotency key per entry: all of it goes, or none.
+    # Set-based (one statement each, on either backend), not a Python loop.
     backend, db = store.tables.backend, store.tables.db
-    p = db.param
     with db.connection_context(), backend.write_transaction():
-        for (seq,) in db.execute_sql("SELECT seq FROM memories WHERE owner = 'ada'").fetchall():
-            backend.put_vector(seq, "test", "digest", b"\x00\x01")
-            db.execute_sql(
-                "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
-                f" created_at) VALUES ('ada', 'user', {p}, 'id', 'digest', 0)",
-                (f"key-{seq}",),
-            )
+        db.execute_sql(
+            "INSERT INTO memory_vectors (seq, model, content_sha256, vector)"
+            f" SELECT seq, 'test', 'digest', {db.param} FROM memories WHERE owner = 'ada'",
+            (b"\x00\x01",),
+        )
+        db.execute_sql(
+            "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
+            " created_at) SELECT 'ada', 'user', 'key-' || CAST(seq AS TEXT), 'id', 'digest', 0"
+            " FROM memories WHERE owner = 'ada'"
+        )
     store.close()
 
 
@@ -105,7 +113,7 @@ def kill_point(db: str, when: str) -> Iterator[Callable[[], bool]]:
 
 @pytest.mark.parametrize("when", ["writing", "visible"])
 def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
-    databases: Callable[[str], str], when: str
+    databases: Callable[[str], str], when: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = databases("crash.db")
     seed(db)
@@ -128,6 +136,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
             while not due():
                 assert not outcome, "the call ended before its transaction was seen"
                 assert time.monotonic() < deadline, "the erasure never started"
+                # A pause far shorter than the erasure: a busy loop would take
+                # a core from the daemon it waits for.
+                time.sleep(0.002)
             daemon.process.send_signal(signal.SIGKILL)
         caller.join(30)
         channel.close()
@@ -149,6 +160,11 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
     assert found in ((BIG, BIG, BIG, 0), (0, 0, 0, 1)), found
     assert state[Tier.USER].entry_count == left
 
+    # The retry waits out the feeds' settle time (four heartbeats on
+    # PostgreSQL) before it answers: a short heartbeat makes that short. (The
+    # first daemon keeps the default: its long wait after the commit is what
+    # lets a kill land before the call returns.)
+    monkeypatch.setenv("MEMORY_SIDECAR_CHANGE_HEARTBEAT_MS", "100")
     daemon = spawn_daemon("--db", db, "--listen", "127.0.0.1:0")
     try:
         with grpc.insecure_channel(daemon.api) as channel:

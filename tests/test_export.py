@@ -24,8 +24,9 @@ import pytest
 import yaml
 
 from sidecar import archive, cli
+from sidecar._backend import ROWS_PER_INSERT
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.memory import Memory, Tier
+from sidecar.memory import Memory, Scope, Tier
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -77,6 +78,36 @@ def seed(running: Running, count: int, chars: int, agent: str = "coder", user: s
         entries.append((agent if tier is Tier.MEMORY else user, memory))
     inserted, _ = archive.restore(running.store, entries)
     assert inserted == count
+
+
+def test_a_restore_leaves_out_ids_already_present_and_repeated(make_sidecar: MakeSidecar) -> None:
+    # More entries than one batch of the restore's multi-row inserts.
+    running = make_sidecar(UNLIMITED)
+    kept = running.add("written before the restore", scope=SCOPE).memory
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    count = 2 * ROWS_PER_INSERT + 3
+    entries = [
+        ("ada", Memory(f"r{n}", Tier.USER, f"restored {n}", "", 1.0, moment, moment))
+        for n in range(count)
+    ]
+    again = Memory(kept.id, Tier.MEMORY, "a different content", "", 1.0, moment, moment)
+    repeat = Memory("r7", Tier.USER, "r7 given twice", "", 1.0, moment, moment)
+    entries[ROWS_PER_INSERT + 1 : ROWS_PER_INSERT + 1] = [("coder", again), ("ada", repeat)]
+    # And one repeated within its batch.
+    twice = Memory("r3", Tier.USER, "r3 given twice", "", 1.0, moment, moment)
+    entries.insert(5, ("ada", twice))
+    inserted, present = archive.restore(running.store, entries)
+    assert (inserted, present) == (count, ["r3", kept.id, "r7"])
+    stored = running.store.list_memories(Scope("coder", "ada"), [Tier.USER, Tier.MEMORY])[0]
+    by_tier = {t: [m for m in stored if m.tier is t] for t in Tier}
+    assert [m.id for m in by_tier[Tier.USER]] == [f"r{n}" for n in range(count)]
+    assert [m.content for m in by_tier[Tier.USER] if m.id in ("r3", "r7")] == [
+        "restored 3",
+        "restored 7",
+    ]
+    assert [m.content for m in by_tier[Tier.MEMORY]] == [kept.content]
+    usage = running.store.usage(Scope("coder", "ada"), [Tier.USER])[Tier.USER]
+    assert usage.entry_count == count
 
 
 def test_the_export_is_what_get_memories_lists(make_sidecar: MakeSidecar) -> None:
