@@ -222,8 +222,10 @@ def test_a_call_that_finds_no_free_slot_is_database_busy(small: pg.Cluster, tmp_
         assert error_info(error).reason == "DATABASE_BUSY", error.details()
         assert "no free connection slot" in (error.details() or "")
 
-        # A slot comes free: so do calls.
+        # A slot comes free: so do calls. (The server frees it when the
+        # closed connection's backend has exited, a moment after the close.)
         hogs.pop().close()
+        eventually(lambda: taken(small) < SLOTS, "the closed connection's slot is free")
         assert running.add("The repo uses uv", scope=SCOPE).created
     finally:
         for hog in hogs:
