@@ -34,7 +34,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from sidecar import archive, compact_index
+from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.archive import export_line, iso_time, parse_line
@@ -539,6 +539,8 @@ def index_large_tiers(
     section 13) instead of reading the index (under 1 s)."""
     if not compact_from:
         return
+    from sidecar import compact_index  # numpy: only an import that fills a large tier
+
     for tier, owner in sorted(tiers, key=lambda key: (key[1], key[0].value)):
         count, _ = store.tier_state(tier, owner)
         if count < compact_from:

@@ -10,6 +10,10 @@ touch: validating values (sidecar.config), RPCs or output formats
 (sidecar.admin). It is the one module that reads os.environ, handed whole to
 sidecar.config, but it reads MEMORY_SIDECAR_CONFIG itself, and import-cagent's
 store steps are written here rather than in sidecar.admin.
+
+A command imports only what it runs (inside the functions below): `--help`
+loads no other sidecar module, an operator command neither the gRPC server
+nor numpy. Tests and scripts start this process many times over.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sidecar import __version__, admin, archive, cagent, config, daemon
+from sidecar import __version__
 from sidecar.errors import ConfigError, SidecarError
-from sidecar.memory import Scope, Tier
-from sidecar.store import is_dsn
+
+if TYPE_CHECKING:
+    from sidecar import config
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -310,12 +315,17 @@ _SERVER_FLAGS = (
 
 
 def _load(args: argparse.Namespace, environ: Mapping[str, str]) -> config.Config:
+    from sidecar import config
+
     path = args.config or environ.get("MEMORY_SIDECAR_CONFIG")
     flags = {key: getattr(args, key, None) for key in _SERVER_FLAGS}
     return config.load(path, environ=environ, flags=flags)
 
 
 def _import_cagent(args: argparse.Namespace, cfg: config.Config) -> int:
+    from sidecar import admin, archive, cagent, daemon
+    from sidecar.memory import Scope, Tier
+
     entries, warnings = cagent.read_entries(args.path)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -350,6 +360,9 @@ _OFFLINE = ("backup", "export", "import", "check", "audit")
 
 
 def _offline(args: argparse.Namespace, cfg: config.Config) -> int:
+    from sidecar import admin, daemon
+    from sidecar.store import is_dsn
+
     path = cfg.server.db
     if args.command != "import" and not is_dsn(path) and not os.path.isfile(path):
         print(f"memory-sidecar: no database at {path}", file=sys.stderr)
@@ -392,20 +405,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as exc:
         print(f"memory-sidecar: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
+    from sidecar import daemon
+
     daemon.setup_logging(cfg.server.log_level)
     try:
         if args.command == "serve":
             return daemon.serve(cfg)
         if args.command == "import-cagent":
             return _import_cagent(args, cfg)
-        if args.command == "export" and args.address:
-            return admin.Online(args, cfg, sys.stdout).run()
-        if args.command in _OFFLINE:
+        if args.command in _OFFLINE and not (args.command == "export" and args.address):
             return _offline(args, cfg)
-        if args.command == "health":
-            return admin.health(args, cfg, sys.stdout)
         if args.command == "mcp":
             return _mcp(args, cfg)
+        from sidecar import admin
+
+        if args.command == "health":
+            return admin.health(args, cfg, sys.stdout)
         return admin.Online(args, cfg, sys.stdout).run()
     except SidecarError as exc:
         # One line, with the stable reason an operator (or a log alert) can

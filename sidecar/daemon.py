@@ -23,13 +23,15 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sidecar.config import Config
 from sidecar.errors import StoreError
-from sidecar.metrics import Metrics
-from sidecar.server import Sidecar
 from sidecar.startup import wait_for_database
 from sidecar.store import Store, is_dsn
+
+if TYPE_CHECKING:
+    from sidecar.metrics import Metrics
 
 log = logging.getLogger("sidecar")
 
@@ -87,6 +89,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    # Imported here: the operator commands use setup_logging and open_store
+    # and need neither the gRPC server nor the metrics registry.
+    from sidecar.metrics import Metrics
+    from sidecar.server import Sidecar
 
     metrics = Metrics()
     store = open_store(config, metrics)

@@ -31,10 +31,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar import blocks
-from sidecar.engine import MemoryEngine
 from sidecar.errors import (
     AlreadyExists,
     AmbiguousMatch,
@@ -47,6 +46,11 @@ from sidecar.errors import (
 )
 from sidecar.limits import Limits, checked
 from sidecar.memory import Memory, Scope, Tier, Usage, clean_content
+
+if TYPE_CHECKING:
+    # Annotations only: `memory-sidecar mcp` (a bridge to a daemon over gRPC)
+    # uses these tools' definitions and need not load the engine.
+    from sidecar.engine import MemoryEngine
 
 MEMORY, SEARCH, LIST = "memory", "memory_search", "memory_list"
 ACTIONS = ("add", "replace", "remove")

@@ -90,27 +90,27 @@ def test_unix_socket_listener(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flag", ["--listen", "--health-listen"])
-def test_a_port_in_use_is_a_clear_error(tmp_path: Path, flag: str) -> None:
-    # A daemon holds the port, as a second sidecar in the same pod would find it.
-    first = spawn_daemon("--db", str(tmp_path / "first.db"), "--listen", "127.0.0.1:0")
-    try:
-        args = ["--db", str(tmp_path / "second.db"), "--listen", "127.0.0.1:0", flag, first.api]
-        result = run_sidecar("serve", *args)
-        assert result.returncode == 1
-        assert "cannot listen for" in result.stderr
-        assert first.api in result.stderr
-        assert health_status(first.api) == SERVING
-        # Refused before any database is made, in one line of its own (not
-        # after gRPC's raw "add_port.cc" log line).
-        assert not (tmp_path / "second.db").exists()
-        lines = [line for line in result.stderr.splitlines() if " INFO " not in line]
-        assert lines == [
-            f"memory-sidecar: BIND_FAILED: cannot listen for "
-            f"{'the API' if flag == '--listen' else 'health checks'} on {first.api}: "
-            "Address already in use"
-        ]
-    finally:
-        first.close()
+def test_a_port_in_use_is_a_clear_error(
+    tmp_path: Path, flag: str, make_sidecar: MakeSidecar
+) -> None:
+    # A sidecar holds the port, as a second sidecar in the same pod would find
+    # it: the same server and listeners as a daemon's, in this process.
+    first = make_sidecar(name="first.db").addresses.api
+    args = ["--db", str(tmp_path / "second.db"), "--listen", "127.0.0.1:0", flag, first]
+    result = run_sidecar("serve", *args)
+    assert result.returncode == 1
+    assert "cannot listen for" in result.stderr
+    assert first in result.stderr
+    assert health_status(first) == SERVING
+    # Refused before any database is made, in one line of its own (not
+    # after gRPC's raw "add_port.cc" log line).
+    assert not (tmp_path / "second.db").exists()
+    lines = [line for line in result.stderr.splitlines() if " INFO " not in line]
+    assert lines == [
+        f"memory-sidecar: BIND_FAILED: cannot listen for "
+        f"{'the API' if flag == '--listen' else 'health checks'} on {first}: "
+        "Address already in use"
+    ]
 
 
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:

@@ -139,29 +139,32 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, durabilit
     db = tmp_path / "memory.db"
     args = ("--db", str(db), "--listen", "127.0.0.1:0", "--durability", durability)
     ledger = Ledger()  # across rounds: each restart must still hold every round's writes
-    for round_ in range(3):
-        daemon = spawn_daemon(*args)
-        stop = threading.Event()
-        acks_before = ledger.acks
-        threads: list[threading.Thread] = []
-        try:
-            threads = hammer(daemon, round_, stop, ledger)
-            wait_for_writes(ledger, acks_before + 30)
-            daemon.process.send_signal(signal.SIGKILL)
-            daemon.wait()
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(20)
-            daemon.close()
-        assert ledger.acks > acks_before, "no write was acknowledged before the kill"
+    daemon = spawn_daemon(*args)
+    try:
+        for round_ in range(3):
+            stop = threading.Event()
+            acks_before = ledger.acks
+            threads: list[threading.Thread] = []
+            try:
+                threads = hammer(daemon, round_, stop, ledger)
+                wait_for_writes(ledger, acks_before + 30)
+                daemon.process.send_signal(signal.SIGKILL)
+                daemon.wait()
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(20)
+                daemon.close()
+            assert ledger.acks > acks_before, "no write was acknowledged before the kill"
 
-        restarted = spawn_daemon(*args)
-        try:
-            check(everything(restarted.api), ledger)
-        finally:
-            restarted.process.send_signal(signal.SIGTERM)
-            assert restarted.wait() == 0
+            # The restart after the crash is checked, then is the next
+            # round's victim: a start fewer per round, the same crashes.
+            daemon = spawn_daemon(*args)
+            check(everything(daemon.api), ledger)
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    finally:
+        daemon.close()
 
 
 def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path) -> None:

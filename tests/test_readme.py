@@ -25,7 +25,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import NamedTuple
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import cli, config
 from sidecar.access import parse_tokens
@@ -166,21 +168,35 @@ def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 
 
 def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str]) -> None:
+    """Until the daemon on $MEMORY_SIDECAR_LISTEN reports SERVING, then
+    `memory-sidecar health` says so as a reader would run it. Polled from
+    here: a command per poll cost 0.4 s of CPU each while the daemon starts."""
+    request = health_pb2.HealthCheckRequest()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while True:
         assert process.poll() is None, "the daemon exited"
-        health = subprocess.run(
-            ["memory-sidecar", "health", "--timeout", "1"],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if health.stdout == "SERVING\n":
-            return
+        # A channel per poll, as each command had: one channel would back
+        # off for longer and longer after each refused connection.
+        with grpc.insecure_channel(env["MEMORY_SIDECAR_LISTEN"]) as channel:
+            try:
+                status = health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
+            except grpc.RpcError:
+                status = health_pb2.HealthCheckResponse.UNKNOWN
+        if status == health_pb2.HealthCheckResponse.SERVING:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail("the daemon never reported SERVING")
         time.sleep(0.2)
-    pytest.fail("the daemon never reported SERVING")
+    health = subprocess.run(
+        ["memory-sidecar", "health", "--timeout", "10"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert health.stdout == "SERVING\n", health.stderr
 
 
 def spawn(command: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
