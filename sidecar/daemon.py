@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from sidecar.clock import Clock, system_clock
 from sidecar.config import Config
 from sidecar.errors import StoreError
 from sidecar.startup import wait_for_database
@@ -52,7 +53,9 @@ def setup_logging(level: str) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def open_store(config: Config, metrics: Metrics | None = None) -> Store:
+def open_store(
+    config: Config, metrics: Metrics | None = None, clock: Clock = system_clock
+) -> Store:
     server = config.server
     if not is_dsn(server.db):
         directory = Path(server.db).parent
@@ -74,6 +77,7 @@ def open_store(config: Config, metrics: Metrics | None = None) -> Store:
         pool_idle_seconds=server.db_pool_idle_seconds,
         on_query=metrics.db_query if metrics else None,
         expiry_batch=server.expiry_sweep_batch,
+        clock=clock,
     )
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from sidecar import config as config_mod
 from sidecar import daemon
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.clock import system_clock
 from sidecar.engine import MemoryEngine
 from sidecar.metrics import Metrics
 from sidecar.server import Addresses, Sidecar
@@ -81,11 +83,13 @@ def start_sidecar(
     environ: dict[str, str] | None = None,
     *,
     db: str = "",
+    clock: WallClock | None = None,
     **server: Any,
 ) -> Running:
     """A real Sidecar on 127.0.0.1:0 with its own store and channel.
 
-    `db` (a DSN) overrides `db_path`, which then only names the config file.
+    `db` (a DSN) overrides `db_path`, which then only names the config file;
+    `clock` is the store's wall clock (what has expired), the real one unless given.
     """
     cfg_file = None
     if yaml_text:
@@ -95,7 +99,7 @@ def start_sidecar(
     flags = {"db": db, "listen": "127.0.0.1:0", **server}
     cfg = config_mod.load(cfg_file, environ=environ or {}, flags=flags)
     metrics = Metrics(CollectorRegistry())
-    store = daemon.open_store(cfg, metrics)
+    store = daemon.open_store(cfg, metrics, clock or system_clock)
     store.open()
     sidecar = Sidecar(cfg, store, metrics=metrics)
     addresses = sidecar.start()
@@ -186,10 +190,11 @@ def make_sidecar(
         *,
         name: str = "memory.db",
         environ: dict[str, str] | None = None,
+        clock: WallClock | None = None,
         **server: Any,
     ) -> Running:
         db = server.pop("db", None) or databases(name)
-        running = start_sidecar(tmp_path / name, yaml_text, environ, db=db, **server)
+        running = start_sidecar(tmp_path / name, yaml_text, environ, db=db, clock=clock, **server)
         started.append(running)
         return running
 
@@ -201,6 +206,21 @@ def make_sidecar(
 @pytest.fixture
 def sidecar(make_sidecar: Callable[..., Running]) -> Running:
     return make_sidecar()
+
+
+class WallClock:
+    """A store's wall clock that a test moves: it starts at the real time
+    and stands still until moved, so an entry expires when the test says,
+    with no waiting."""
+
+    def __init__(self) -> None:
+        self.now = system_clock()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def move(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
 
 
 class Clock:

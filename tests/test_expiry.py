@@ -3,13 +3,13 @@ TTL) is never injected, searched or listed once it expires, weighs nothing
 in its tier's budget, and is removed by the sweep in bounded batches.
 
 A contract suite over real daemons on both backends. Entries expire by the
-wall clock: the tests give them a TTL of a second or two and wait for it
-(a wait for an event, not a timing claim: nothing asserts how long anything
-took).
+store's wall clock, injected into each daemon: a test moves it past an
+entry's expiry instead of sleeping until then (replicas share one clock).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 from collections.abc import Callable
@@ -29,7 +29,7 @@ from sidecar.engine import MemoryEngine
 from sidecar.expiry import Requested
 from sidecar.memory import Scope, Tier
 from sidecar.store import Store, TierPolicy
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, WallClock, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -40,11 +40,21 @@ NO_SWEEP = {"expiry_sweep_seconds": 0}
 TTL = 2
 
 
-def wait_past(response: pb.AddMemoryResponse | pb.UpdateMemoryResponse) -> None:
-    """Sleep until the entry's expires_at has passed."""
+@pytest.fixture
+def clock() -> WallClock:
+    return WallClock()
+
+
+@pytest.fixture
+def make_sidecar(make_sidecar: MakeSidecar, clock: WallClock) -> MakeSidecar:
+    """Daemons whose stores judge expiry by the test's clock (replicas share it)."""
+    return functools.partial(make_sidecar, clock=clock)
+
+
+def wait_past(clock: WallClock, response: pb.AddMemoryResponse | pb.UpdateMemoryResponse) -> None:
+    """Move the daemons' clock past the entry's expires_at."""
     expires = response.memory.expires_at.ToDatetime(tzinfo=UTC)
-    while datetime.now(UTC) <= expires:
-        time.sleep(0.05)
+    clock.now = max(clock.now, expires + timedelta(milliseconds=1))
 
 
 def events(running: Running, kind: str) -> list[tuple[int, str]]:
@@ -71,7 +81,7 @@ def contents(response: pb.GetMemoriesResponse) -> list[str]:
 
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
 def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
-    make_sidecar: MakeSidecar, refresh: str
+    clock: WallClock, make_sidecar: MakeSidecar, refresh: str
 ) -> None:
     sidecar = make_sidecar(f"defaults: {{snapshot_refresh: {refresh}}}", **NO_SWEEP)
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
@@ -81,7 +91,7 @@ def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
     assert brief.memory.id in first.system_block_memory_ids
     assert sidecar.turn("s", scope=SCOPE).cache_hit
 
-    wait_past(brief)
+    wait_past(clock, brief)
     after = sidecar.turn("s", "cluster", scope=SCOPE)
     assert "staging cluster" not in after.system_block + after.turn_context
     assert "uses uv" in after.system_block
@@ -90,21 +100,35 @@ def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
     assert after.usage[0].entry_count == 1
 
 
-def test_an_expired_entry_leaves_the_turn_block(make_sidecar: MakeSidecar) -> None:
+def test_an_expired_entry_leaves_the_turn_block(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
     sidecar = make_sidecar("defaults: {inject_system_block: false}", **NO_SWEEP)
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
     sidecar.add("The staging cluster runs on arm64", scope=SCOPE)
     before = sidecar.turn("s", "staging cluster", scope=SCOPE)
     assert brief.memory.id in before.injected_memory_ids
 
-    wait_past(brief)
+    wait_past(clock, brief)
     after = sidecar.turn("s", "staging cluster", scope=SCOPE)
     assert brief.memory.id not in after.injected_memory_ids
     assert "down today" not in after.turn_context
     assert "arm64" in after.turn_context
 
 
+def test_a_daemon_on_the_real_clock_expires_by_it(make_sidecar: MakeSidecar) -> None:
+    # The one test that waits: every other one moves an injected clock.
+    sidecar = make_sidecar(clock=None, **NO_SWEEP)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
+    assert contents(sidecar.list(scope=SCOPE)) == ["The staging cluster is down today"]
+    expires = brief.memory.expires_at.ToDatetime(tzinfo=UTC)
+    while datetime.now(UTC) <= expires:
+        time.sleep(0.05)
+    assert contents(sidecar.list(scope=SCOPE)) == []
+
+
 def test_search_and_lists_leave_expired_entries_out_unless_asked(
+    clock: WallClock,
     make_sidecar: MakeSidecar,
 ) -> None:
     sidecar = make_sidecar(**NO_SWEEP)
@@ -115,7 +139,7 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
     assert brief[0].memory.HasField("expires_at")
     assert not kept[0].memory.HasField("expires_at")
     for added in brief:
-        wait_past(added)
+        wait_past(clock, added)
 
     listed = sidecar.list(scope=SCOPE)
     assert contents(listed) == [f"deploy note {i} stays" for i in range(3)]
@@ -159,9 +183,11 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
 
 
 @pytest.mark.parametrize("write", ["update", "delete"])
-def test_an_expired_entry_cannot_be_updated_or_deleted(sidecar: Running, write: str) -> None:
+def test_an_expired_entry_cannot_be_updated_or_deleted(
+    clock: WallClock, sidecar: Running, write: str
+) -> None:
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
-    wait_past(brief)
+    wait_past(clock, brief)
     call: Callable[..., object]
     if write == "update":
         request: object = pb.UpdateMemoryRequest(id=brief.memory.id, scope=SCOPE, content="up")
@@ -178,12 +204,14 @@ def test_an_expired_entry_cannot_be_updated_or_deleted(sidecar: Running, write: 
     assert events(sidecar, "expire") == []
 
 
-def test_expired_entries_do_not_count_against_the_budget(make_sidecar: MakeSidecar) -> None:
+def test_expired_entries_do_not_count_against_the_budget(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
     sidecar = make_sidecar("defaults: {memory_char_limit: 40}", **NO_SWEEP)
     brief = sidecar.add("a" * 30, scope=SCOPE, ttl_seconds=1)
     error = refused(sidecar.add, "b" * 30, scope=SCOPE)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    wait_past(brief)
+    wait_past(clock, brief)
     # Reads already leave it out of the usage, before any write removed it.
     usage = {u.tier: u for u in sidecar.list(scope=SCOPE).usage}[pb.TIER_MEMORY]
     assert (usage.used_chars, usage.entry_count) == (0, 0)
@@ -276,7 +304,7 @@ def test_invalid_expiries_are_refused_and_nothing_is_stored(
     assert sidecar.list(scope=SCOPE, include_expired=True).memories == []
 
 
-def test_update_sets_and_clears_an_expiry(sidecar: Running) -> None:
+def test_update_sets_and_clears_an_expiry(clock: WallClock, sidecar: Running) -> None:
     added = sidecar.add("The repo uses uv", scope=SCOPE)
     update = sidecar.stub.UpdateMemory
     set_ = update(pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, ttl_seconds=600))
@@ -295,18 +323,20 @@ def test_update_sets_and_clears_an_expiry(sidecar: Running) -> None:
     assert not listed.memories[0].HasField("expires_at")
 
     brief = update(pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, ttl_seconds=1))
-    wait_past(brief)
+    wait_past(clock, brief)
     gone = refused(update, pb.UpdateMemoryRequest(scope=SCOPE, id=added.memory.id, content="x"))
     assert gone.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_the_sweep_removes_expired_rows_in_batches(make_sidecar: MakeSidecar) -> None:
+def test_the_sweep_removes_expired_rows_in_batches(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
     sidecar = make_sidecar(expiry_sweep_seconds=0, expiry_sweep_batch=2)
     brief = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
     sidecar.add("note kept", scope=SCOPE)
     other = sidecar.add("their note", scope=pb.Scope(agent_id="reviewer"), ttl_seconds=1)
     for added in [*brief, other]:
-        wait_past(added)
+        wait_past(clock, added)
     assert row_count(sidecar) == 7
 
     assert sidecar.sidecar.engine.expiry.run_once() == 6
@@ -320,10 +350,10 @@ def test_the_sweep_removes_expired_rows_in_batches(make_sidecar: MakeSidecar) ->
     assert contents(sidecar.list(scope=SCOPE, include_expired=True)) == ["note kept"]
 
 
-def test_the_background_sweep_runs(make_sidecar: MakeSidecar) -> None:
+def test_the_background_sweep_runs(clock: WallClock, make_sidecar: MakeSidecar) -> None:
     sidecar = make_sidecar(expiry_sweep_seconds=0.1)
     brief = sidecar.add("note", scope=SCOPE, ttl_seconds=1)
-    wait_past(brief)
+    wait_past(clock, brief)
     deadline = time.monotonic() + 10
     while row_count(sidecar) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -332,7 +362,7 @@ def test_the_background_sweep_runs(make_sidecar: MakeSidecar) -> None:
 
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
 def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
-    make_sidecar: MakeSidecar, refresh: str
+    clock: WallClock, make_sidecar: MakeSidecar, refresh: str
 ) -> None:
     sidecar = make_sidecar(
         f"defaults: {{snapshot_refresh: {refresh}, memory_char_limit: 0}}",
@@ -348,7 +378,7 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
     assert isinstance(held, CompactPartition)
     assert brief.memory.id in first.system_block_memory_ids
 
-    wait_past(brief)
+    wait_past(clock, brief)
     after = sidecar.turn("s", "staging", scope=SCOPE)
     assert brief.memory.id not in after.system_block_memory_ids
     assert brief.memory.id not in after.injected_memory_ids
@@ -371,6 +401,7 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
 
 
 def test_another_replica_drops_an_expired_entry_without_any_write(
+    clock: WallClock,
     make_sidecar: MakeSidecar,
 ) -> None:
     settings = "defaults: {snapshot_refresh: on_compaction}"
@@ -390,7 +421,7 @@ def test_another_replica_drops_an_expired_entry_without_any_write(
     assert b.turn("s", scope=SCOPE).cache_hit
     queries = b.db_queries()
 
-    wait_past(brief)
+    wait_past(clock, brief)
     after = b.turn("s", scope=SCOPE)
     assert "staging cluster" not in after.system_block
     assert "uses uv" in after.system_block
@@ -415,16 +446,6 @@ def test_export_and_import_keep_the_expiry(sidecar: Running, tmp_path: Path) -> 
     expiries = {m.id: m.expires_at for m in memories}
     assert expiries[brief.memory.id] == brief.memory.expires_at.ToDatetime(tzinfo=UTC)
     assert len([at for at in expiries.values() if at is None]) == 1
-
-
-class WallClock:
-    """A wall clock the test moves by hand (the store's, so every cache's)."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
@@ -464,6 +485,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
 
 
 def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
+    clock: WallClock,
     make_sidecar: MakeSidecar,
 ) -> None:
     sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
@@ -474,7 +496,7 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     key = (Tier.MEMORY, SCOPE.agent_id)
     held = sidecar.sidecar.engine.partitions.cached(key)
     assert isinstance(held, CompactPartition)
-    wait_past(brief)
+    wait_past(clock, brief)
 
     added = sidecar.add("The staging cluster is back", scope=SCOPE)
     assert added.usage.entry_count == 6
@@ -495,7 +517,7 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
 
 @pytest.mark.parametrize("replay", [False, True], ids=["identical", "idempotent_replay"])
 def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_one(
-    make_sidecar: MakeSidecar, replay: bool
+    clock: WallClock, make_sidecar: MakeSidecar, replay: bool
 ) -> None:
     sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
     for i in range(5):
@@ -507,7 +529,7 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     key = (Tier.MEMORY, SCOPE.agent_id)
     held = sidecar.sidecar.engine.partitions.cached(key)
     assert isinstance(held, CompactPartition)
-    wait_past(brief)
+    wait_past(clock, brief)
 
     # Stores nothing new, but removes the expired entry first (the
     # generation advances for that removal alone).
@@ -526,13 +548,15 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     assert turn.system_block.count("The repo uses uv") == 1
 
 
-def test_a_write_removes_at_most_a_batch_of_expired_entries(make_sidecar: MakeSidecar) -> None:
+def test_a_write_removes_at_most_a_batch_of_expired_entries(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
     sidecar = make_sidecar("defaults: {memory_char_limit: 400}", expiry_sweep_batch=3, **NO_SWEEP)
     briefs = [
         sidecar.add(f"expiring note number {i:02d} here", scope=SCOPE, ttl_seconds=1)
         for i in range(10)
     ]
-    wait_past(briefs[-1])
+    wait_past(clock, briefs[-1])
 
     # The write removes three, in its own transaction; the seven left stay
     # invisible and weigh nothing in the budget it is checked against.
