@@ -10,7 +10,7 @@ DB ?= var/memory.db
 # More `memory-sidecar serve` flags for `make run`, e.g.
 #   make run ARGS="--metrics-listen 127.0.0.1:9464 --config my.yaml"
 ARGS ?=
-# pytest-xdist workers for `make test`: auto is twice the cores (tests/conftest.py),
+# pytest-xdist workers for `make test`: auto is three per core (tests/conftest.py),
 # as much of the suite waits on sockets, subprocesses and feeds. 0: one process.
 TEST_WORKERS ?= auto
 
