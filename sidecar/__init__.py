@@ -22,12 +22,16 @@ loads no module.
 
 import os
 
-# One BLAS thread unless the operator chose otherwise, set before any module
+# One BLAS thread unless the operator chose otherwise (OPENBLAS_NUM_THREADS
+# or OMP_NUM_THREADS), set before any module
 # here imports numpy (OpenBLAS reads it once, when loaded). Its own threads
 # spin for a core the daemon's threads share: on two cores the local encoder
 # took ~10 times the CPU for a short text, and 5 to 25 times as long.
 # deploy/Dockerfile sets it too; this covers a daemon started anywhere else.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# OpenBLAS reads OPENBLAS_NUM_THREADS before OMP_NUM_THREADS: an operator's
+# OMP_NUM_THREADS must not be overridden by this default.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __version__ = "0.1.0"
 

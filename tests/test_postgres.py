@@ -3,6 +3,7 @@ passwords, and a server that cannot be reached."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -356,7 +357,13 @@ def test_a_listener_that_reconnects_lets_frozen_sessions_take_the_current_view(
     a.add("The repo uses uv", scope=SCOPE)
     eventually(lambda: shown(b, "s", "uses uv"), "B shows A's write")
     a.add("Deploys go through ArgoCD", scope=SCOPE)
-    eventually(lambda: "ArgoCD" in b.turn("t", scope=SCOPE).system_block, "B has A's write")
+    # A new session each time: one that asked before B heard of the write
+    # stays frozen on what it saw (on_compaction), however long one waits.
+    new_sessions = (f"t{n}" for n in itertools.count())
+    eventually(
+        lambda: "ArgoCD" in b.turn(next(new_sessions), scope=SCOPE).system_block,
+        "B has A's write",
+    )
     assert "ArgoCD" not in b.turn("s", scope=SCOPE).system_block  # frozen
 
     database = b.db.split("/")[-1].split("?")[0]
