@@ -17,12 +17,14 @@ handling, SQL, os.environ.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from sidecar.clock import Clock, system_clock
@@ -84,16 +86,52 @@ def open_store(
 def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM or SIGINT (or `stop` is set); return the exit code."""
     stop = stop or threading.Event()
+    with _signals_set(stop):
+        return _serve(config, stop)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        # Only set a flag: the shutdown itself takes locks and waits on
-        # threads, neither of which is safe inside a signal handler.
-        stop.set()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+@contextlib.contextmanager
+def _signals_set(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop`, from a thread of their own.
 
+    Not from a Python handler: Event.set takes a lock, and a second signal
+    arriving while the handler holds it (make forwards SIGTERM to its child
+    as the group gets it too) deadlocked the main thread for good; and the
+    kernel may hand the signal to any thread (gRPC runs many), leaving a
+    main thread blocked in a wait unwoken. The interpreter's own C handler
+    writes each signal to a wakeup pipe, whatever the thread; the relay
+    thread reads it and sets `stop`. (Off the main thread, as in tests that
+    run serve on a thread, signals are left alone.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    handlers = {
+        signum: signal.signal(signum, lambda signum, frame: None)
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+
+    def relay() -> None:
+        if os.read(read, 1):  # b"": the pipe closed, serve returned
+            stop.set()
+
+    relaying = threading.Thread(target=relay, name="signals", daemon=True)
+    relaying.start()
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous)
+        os.close(write)
+        relaying.join(5)
+        os.close(read)
+
+
+def _serve(config: Config, stop: threading.Event) -> int:
     # Imported here: the operator commands use setup_logging and open_store
     # and need neither the gRPC server nor the metrics registry.
     from sidecar.metrics import Metrics
