@@ -204,6 +204,15 @@ def make_sidecar(
         stop_sidecar(running)
 
 
+@pytest.fixture(scope="module")
+def loaded_model() -> Any:
+    """A LocalEncoder held while the module runs: the daemons' encoders
+    share its weights instead of loading them once per backend."""
+    from sidecar.embedding import LocalEncoder  # the semantic extra
+
+    return LocalEncoder()
+
+
 @pytest.fixture
 def sidecar(make_sidecar: Callable[..., Running]) -> Running:
     return make_sidecar()

@@ -203,13 +203,6 @@ HATES = "User hates long meetings"
 DISLIKES = "The user strongly dislikes lengthy meetings"
 
 
-@pytest.fixture(scope="module")
-def loaded_model() -> LocalEncoder:
-    """Held while the module runs: the daemons' encoders share its weights
-    instead of loading them once per backend."""
-    return LocalEncoder()
-
-
 def test_a_paraphrase_sharing_few_words_is_caught_with_semantic_retrieval(
     make_sidecar: MakeSidecar, loaded_model: LocalEncoder
 ) -> None:

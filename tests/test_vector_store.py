@@ -12,13 +12,6 @@ from tests.test_semantic import LOCAL, NOTES, add_notes
 pytestmark = pytest.mark.contract
 
 
-@pytest.fixture(scope="module")
-def loaded_model() -> LocalEncoder:
-    """Held while the module runs: the daemons' encoders share its weights
-    instead of loading them once per backend."""
-    return LocalEncoder()
-
-
 def test_vectors_are_stored_per_model(
     make_sidecar: MakeSidecar, loaded_model: LocalEncoder
 ) -> None:
