@@ -164,9 +164,12 @@ def postgres() -> Iterator[pg.Cluster]:
 
 
 @pytest.fixture
-def databases(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+def databases(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[str], str]]:
     """name -> the --db of that name for this test's backend (the same name,
-    the same database)."""
+    the same database). PostgreSQL databases are emptied for reuse after the
+    test (see pg.Cluster.recycle), once the daemons using them have stopped."""
     made: dict[str, str] = {}
 
     def database(name: str) -> str:
@@ -177,7 +180,11 @@ def databases(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> C
                 made[name] = str(tmp_path / name)
         return made[name]
 
-    return database
+    yield database
+    if backend == "postgresql" and made:
+        cluster = request.getfixturevalue("postgres")
+        for dsn in made.values():
+            cluster.recycle(dsn)
 
 
 @pytest.fixture

@@ -58,6 +58,8 @@ class Cluster:
             entry = pwd.getpwnam("postgres")
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         self._names = itertools.count(1)
+        # Emptied databases new_database hands out again (see recycle).
+        self._spare: list[str] = []
 
     def _run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         command = list(args)
@@ -143,7 +145,51 @@ class Cluster:
             return list(cursor.fetchall()) if cursor.description else []
 
     def new_database(self) -> str:
-        """A fresh, empty database; its DSN."""
+        """A fresh, empty database (or an emptied one, see recycle); its DSN."""
+        if self._spare:
+            return self.dsn(self._spare.pop())
         name = f"test_{next(self._names)}"
         self.sql(f"CREATE DATABASE {name}")
         return self.dsn(name)
+
+    def recycle(self, dsn: str) -> None:
+        """Empty a database a test is done with, for new_database to hand out
+        again: as new as CREATE DATABASE makes it, for a tenth of the server's
+        CPU (~10 ms, not ~0.1 s: a PostgreSQL test's largest cost). A
+        database a test changed beyond its public schema (its owner,
+        settings, grants, connection limit or other schemas) is left alone,
+        never reused."""
+        name = urllib.parse.urlsplit(dsn).path.lstrip("/")
+        if not name.startswith("test_"):
+            return
+        import psycopg
+
+        # One connection for all of it: a connection costs the server as
+        # much as the rest.
+        with psycopg.connect(self.dsn(name), autocommit=True) as connection:
+            connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            row = connection.execute(
+                "SELECT d.datdba = 'postgres'::regrole AND d.datacl IS NULL"
+                " AND d.datconnlimit = -1 AND d.datallowconn"
+                " AND NOT EXISTS (SELECT 1 FROM pg_db_role_setting s"
+                " WHERE s.setdatabase = d.oid)"
+                " AND NOT EXISTS (SELECT 1 FROM pg_event_trigger)"
+                " AND NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname NOT IN"
+                " ('public', 'pg_catalog', 'information_schema', 'pg_toast')"
+                " AND nspname NOT LIKE 'pg\\_temp\\_%'"
+                " AND nspname NOT LIKE 'pg\\_toast\\_temp\\_%')"
+                " FROM pg_database d WHERE d.datname = current_database()"
+            ).fetchone()
+            if not (row and row[0]):
+                return
+            # What initdb's template holds in PostgreSQL 15: public owned by
+            # pg_database_owner, usable (not writable) by everyone.
+            connection.execute(
+                "DROP SCHEMA public CASCADE; CREATE SCHEMA public AUTHORIZATION pg_database_owner;"
+                " GRANT USAGE ON SCHEMA public TO PUBLIC;"
+                " COMMENT ON SCHEMA public IS 'standard public schema'"
+            )
+        self._spare.append(name)
