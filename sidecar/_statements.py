@@ -2,16 +2,20 @@
 
 Private to the storage modules (see sidecar.store).
 
-Owns: Record (a row as the hot paths read it), Template, and the store's hot-path
-statements, by-seq lookups padded to a power of two. Must not touch: a connection
-or a transaction (it renders SQL, the store runs it) or any other sidecar module.
-Not quite private: sidecar.compact imports Record.
+Owns: Record (a row as the hot paths read it) and record_of (a memory as that
+row), Template, and the store's hot-path statements, by-seq lookups padded to a
+power of two. Must not touch: a connection or a transaction (it renders SQL, the
+store runs it) or any sidecar module but the vocabulary (memory, clock).
+Not quite private: sidecar.compact imports Record and record_of.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+from sidecar.clock import to_micros
+from sidecar.memory import Memory
 
 
 class Record(NamedTuple):
@@ -29,6 +33,24 @@ class Record(NamedTuple):
     updated_at: int
     # Microseconds like created_at; None: never expires (schema 7).
     expires_at: int | None = None
+
+
+def record_of(memory: Memory, owner: str = "") -> Record:
+    """The row a memory was read from (or is restored as: the store draws
+    the seq of a new row)."""
+    return Record(
+        memory.seq,
+        memory.id,
+        memory.tier.value,
+        owner,
+        memory.content,
+        len(memory.content),
+        memory.category,
+        memory.confidence,
+        to_micros(memory.created_at),
+        to_micros(memory.updated_at),
+        to_micros(memory.expires_at) if memory.expires_at else None,
+    )
 
 
 # Where a statement's `now` goes: rows with expires_at <= now are left out

@@ -37,7 +37,7 @@ from typing import Any
 
 from sidecar import schema
 from sidecar._backend import ROWS_PER_INSERT, PartitionState
-from sidecar._statements import Record, unexpired
+from sidecar._statements import Record, record_of, unexpired
 from sidecar._tables import to_memory, usage_of
 from sidecar.clock import to_micros
 from sidecar.errors import InvalidArgument, SidecarError
@@ -236,7 +236,7 @@ def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, l
                     content_chars=state.content_chars + len(memory.content),
                     entry_count=state.entry_count + 1,
                 )
-                rows.append(_record(owner, memory))
+                rows.append(record_of(memory, owner))
                 added.setdefault(key, []).append(memory.id)
             tables.insert_many(rows)
             inserted += len(rows)
@@ -256,22 +256,6 @@ def _batches(
     iterator = iter(entries)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
-
-
-def _record(owner: str, memory: Memory) -> Record:
-    return Record(
-        0,
-        memory.id,
-        memory.tier.value,
-        owner,
-        memory.content,
-        len(memory.content),
-        memory.category,
-        memory.confidence,
-        to_micros(memory.created_at),
-        to_micros(memory.updated_at),
-        to_micros(memory.expires_at) if memory.expires_at else None,
-    )
 
 
 def import_entries(

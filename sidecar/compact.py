@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sidecar._statements import Record
-from sidecar.clock import from_micros, to_micros
+from sidecar._statements import Record, record_of
+from sidecar.clock import from_micros
 from sidecar.keywords import terms
 from sidecar.memory import Memory, Tier, Usage
 from sidecar.partition import K1, B, date_terms
@@ -480,19 +480,3 @@ def make_segment(
     storage.offsets = np.zeros(len(ranked) + 1, dtype=np.int64)
     np.cumsum(np.bincount(new_ids, minlength=len(ranked)), out=storage.offsets[1:])
     storage.npostings = len(new_ids)
-
-
-def record_of(memory: Memory, owner: str = "") -> Record:
-    """The row a memory was read from, as far as indexing it goes."""
-    return Record(
-        memory.seq,
-        memory.id,
-        memory.tier.value,
-        owner,
-        memory.content,
-        len(memory.content),
-        memory.category,
-        memory.confidence,
-        to_micros(memory.created_at),
-        to_micros(memory.updated_at),
-    )
