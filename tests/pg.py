@@ -152,6 +152,16 @@ class Cluster:
         self.sql(f"CREATE DATABASE {name}")
         return self.dsn(name)
 
+    def owned_database(self, password: str) -> tuple[str, str, str]:
+        """A fresh database owned by an ordinary role that logs in with this
+        password (no reserved slots, no superuser rights): (DSN, database, role)."""
+        name = urllib.parse.urlsplit(self.new_database()).path.lstrip("/")
+        role = f"{name}_owner"
+        self.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        self.sql(f"ALTER DATABASE {name} OWNER TO {role}")
+        self.sql(f"GRANT ALL ON SCHEMA public TO {role}", name)
+        return self.dsn(name, user=role), name, role
+
     def recycle(self, dsn: str) -> None:
         """Empty a database a test is done with, for new_database to hand out
         again: as new as CREATE DATABASE makes it, for a tenth of the server's

@@ -49,12 +49,8 @@ def small() -> Iterator[pg.Cluster]:
 def database(cluster: pg.Cluster) -> tuple[str, str]:
     """A fresh database owned by an ordinary role (no reserved slots); its
     DSN and name."""
-    name = cluster.new_database().split("/")[-1].split("?")[0]
-    role = f"{name}_owner"
-    cluster.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'")
-    cluster.sql(f"ALTER DATABASE {name} OWNER TO {role}")
-    cluster.sql(f"GRANT ALL ON SCHEMA public TO {role}", name)
-    return cluster.dsn(name, user=role), name
+    dsn, name, _ = cluster.owned_database(PASSWORD)
+    return dsn, name
 
 
 def superuser(cluster: pg.Cluster, statement: str) -> list[tuple[object, ...]]:

@@ -198,12 +198,8 @@ def test_replicas_starting_together_migrate_once(postgres: pg.Cluster) -> None:
 
 def _role_database(postgres: pg.Cluster, password: str) -> tuple[str, str]:
     """A database owned by a role that must log in with this password."""
-    name = postgres.new_database().split("/")[-1].split("?")[0]
-    role = f"{name}_owner"
-    postgres.sql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-    postgres.sql(f"ALTER DATABASE {name} OWNER TO {role}")
-    postgres.sql(f"GRANT ALL ON SCHEMA public TO {role}", name)
-    return postgres.dsn(name, user=role), role
+    dsn, _, role = postgres.owned_database(password)
+    return dsn, role
 
 
 def test_the_password_comes_from_a_file_and_never_shows(
