@@ -385,6 +385,17 @@ def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+def eventually(
+    check: Callable[[], bool], what: str, *, within: float = 10.0, pause: float = 0.01
+) -> None:
+    """Wait for `check` (another daemon's news, a server's state) to hold:
+    a liveness bound, not a timing claim."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(pause)
+
+
 def require_tool(path: str | None, what: str) -> str:
     """The tool's path; a skip on a developer's machine without it, a failure in CI."""
     if path is None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from tests.conftest import (
     MakeSidecar,
     Running,
     error_info,
+    eventually,
     refused,
 )
 from tests.test_access import with_token
@@ -42,7 +41,6 @@ pytestmark = pytest.mark.contract
 ADA = pb.Scope(agent_id="coder", user_id="ada")
 SECRET = "Ada's locker code is swordfish"
 NOTE = "The repo deploys with ArgoCD"
-SETTLE_SECONDS = 10.0
 # B freezes its block until compaction for this agent.
 FROZEN = "agents: {frozen: {snapshot_refresh: on_compaction}}\n"
 
@@ -63,13 +61,6 @@ def make_sidecar(make_sidecar: MakeSidecar) -> MakeSidecar:
         return make_sidecar(*args, **server)
 
     return make
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def shown(running: Running, session: str, text: str, scope: pb.Scope = ADA) -> bool:

@@ -21,6 +21,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests import pg
 from tests.conftest import Running, error_info, refused, require_tool, start_sidecar, stop_sidecar
+from tests.conftest import eventually as conftest_eventually
 from tests.test_startup import InProcess
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
@@ -99,10 +100,7 @@ def grab(dsn: str) -> list[Any]:
 
 
 def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND_SECONDS
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
+    conftest_eventually(check, what, within=BOUND_SECONDS, pause=0.1)
 
 
 def replica(tmp_path: Path, dsn: str, index: int, yaml_text: str = "", **server: Any) -> Running:

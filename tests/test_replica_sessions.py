@@ -18,7 +18,6 @@ delivery of other processes' writes waits on a gate the test opens.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,25 +26,16 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, error_info, eventually, refused
 
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-SETTLE_SECONDS = 10.0
 # A feed that stays verified for the whole test while stalled (SQLite: ten
 # polls; PostgreSQL: three heartbeats), so the stalled replica trusts its
 # caches and a read without a token is stale.
 LAGGING = "server: {change_poll_ms: 2000, change_heartbeat_ms: 10000}\n"
 FROZEN = "defaults: {snapshot_refresh: on_compaction}\n"
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait for another daemon's news to arrive (a liveness bound, not a timing claim)."""
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def found(running: Running, text: str, **fields: Any) -> bool:

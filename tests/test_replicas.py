@@ -11,7 +11,6 @@ travels is measured by `make bench`, not here.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,20 +22,11 @@ from sidecar import admin
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.memory import SEPARATOR
-from tests.conftest import MakeSidecar, Running, refused, run_sidecar, spawn_daemon
+from tests.conftest import MakeSidecar, Running, eventually, refused, run_sidecar, spawn_daemon
 
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-SETTLE_SECONDS = 10.0
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    """Wait for another daemon's news to arrive (a liveness bound, not a timing claim)."""
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def pair(make_sidecar: MakeSidecar, yaml_text: str = "") -> tuple[Running, Running]:
