@@ -28,8 +28,8 @@ from bench.large_tiers import indexed_generation
 from bench.measure import SCOPE, UNLIMITED, Report, daemon, latencies, pct, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.clock import system_clock, to_micros
-from sidecar.memory import Tier
+from sidecar.core.clock import system_clock, to_micros
+from sidecar.core.memory import Tier
 
 YEAR_MICROS = 365 * 24 * 3600 * 1_000_000
 SWEEP = "server: {compact_tier_entries: 1, expiry_sweep_seconds: 0.2, expiry_sweep_batch: 500}\n"

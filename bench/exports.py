@@ -27,7 +27,7 @@ from bench.corpus import Corpus
 from bench.measure import UNLIMITED, Daemon, Report, Row, daemon, populate
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 LARGE = pb.Scope(agent_id="export-agent", user_id="export-user")
 SMALL = pb.Scope(agent_id="small-agent", user_id="small-user")

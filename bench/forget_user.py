@@ -4,7 +4,7 @@ Owns `bench_forget_user`: a user whose profile (the user tier, shared by
 every agent) holds 10,000 memories (2,000 with --quick), with a turn of
 each of 50 agents open on a second replica B showing it. ForgetUser on
 replica A: how long the call takes (and how much of it is the wait for the
-other replicas' feeds, see sidecar.forgetting), and how long until B's next
+other replicas' feeds, see sidecar.domain.erasure), and how long until B's next
 turn no longer shows the user. Baseline, same run, same data: the same
 memories removed by one DeleteMemory call each. On SQLite (two processes on
 one file) and, with a cluster, PostgreSQL.
@@ -26,7 +26,7 @@ from bench.corpus import Corpus
 from bench.measure import UNLIMITED, Report, Row, daemon, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 USER = "forgotten-user"
 AGENTS = 50

@@ -39,7 +39,7 @@ from bench.measure import (
 )
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 
 def indexed_generation(db: Path, owner: str) -> int:
@@ -153,7 +153,7 @@ def bench_large_tiers(report: Report, work: Path, corpus: Corpus, sizes: list[in
         "50 turns (a frozen block of the best entries within 2,000 tokens, and the turn's "
         "own memories), and 100 AddMemory calls interleaved with 100 into a 20-memory tier "
         "of another agent (the ratio). Each size is held in full (Memory objects and their "
-        "index: the baseline, as before compact tiers) and compactly (sidecar.compact: "
+        "index: the baseline, as before compact tiers) and compactly (sidecar.retrieval.compact: "
         "arrays, the entries a call returns read from the database by seq), which is how "
         "compact_tier_entries (20,000) holds any tier that large. The first compact start "
         "indexes the rows and persists the index; the next start (the compact row) reads it. "

@@ -39,7 +39,7 @@ from bench.corpus import Corpus
 from bench.measure import SCOPE, UNLIMITED, Report, Row, daemon, latencies, pct, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 _META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",

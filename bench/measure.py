@@ -33,11 +33,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Memory, Tier
-from sidecar.store import Store
+from sidecar.core.memory import Memory, Tier
+from sidecar.storage import archive
+from sidecar.storage.store import Store
 
 SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)(?: mcp=(\S+))?")
 

@@ -1,6 +1,6 @@
 """Section 18 of `make bench`: near-duplicates on AddMemory.
 
-Owns `bench_near_duplicates`: how often sidecar.similarity reports a merely
+Owns `bench_near_duplicates`: how often sidecar.retrieval.similarity reports a merely
 related entry (false matches) and misses a restatement (misses), on the
 pairs of bench/similarity/pairs.jsonl, lexically and with semantic retrieval;
 and what similar_writes: report costs an AddMemory. Baselines: the same
@@ -40,12 +40,12 @@ from bench.corpus import Corpus
 from bench.measure import UNLIMITED, Report, Row, daemon, pct, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.config import AgentSettings, Config
-from sidecar.embedding import Encoder
-from sidecar.engine import MemoryEngine
-from sidecar.memory import Scope, Tier
-from sidecar.metrics import Metrics
-from sidecar.store import Store
+from sidecar.config.settings import AgentSettings, Config
+from sidecar.core.memory import Scope, Tier
+from sidecar.core.metrics import Metrics
+from sidecar.domain.engine import MemoryEngine
+from sidecar.retrieval.embedding import Encoder
+from sidecar.storage.store import Store
 
 PAIRS = Path(__file__).resolve().parent / "similarity" / "pairs.jsonl"
 SPLITS = ("tuning", "held_out")
@@ -245,7 +245,7 @@ def _percent(value: float) -> str:
 
 
 def bench_near_duplicates(report: Report, work: Path, corpus: Corpus, count: int) -> None:
-    from sidecar.embedding import LocalEncoder
+    from sidecar.retrieval.embedding import LocalEncoder
 
     pairs = load()
     lexical = scored(pairs, work, None)
@@ -313,7 +313,7 @@ def bench_near_duplicates(report: Report, work: Path, corpus: Corpus, count: int
 def main(argv: list[str] | None = None) -> int:
     """The tuning sweep: false matches and misses at each threshold."""
     del argv
-    from sidecar.embedding import LocalEncoder
+    from sidecar.retrieval.embedding import LocalEncoder
 
     pairs = load()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:

@@ -18,7 +18,7 @@ import grpc
 from bench.corpus import Corpus
 from bench.measure import SCOPE, Report, cached_turns, daemon, pct, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 
 def bench_postgres_turn(report: Report, work: Path, cluster: Any, count: int) -> None:

@@ -19,7 +19,7 @@ from bench.corpus import Corpus
 from bench.measure import SCOPE, Report, Row, daemon, populate
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 
 def bench_prefix_cache(report: Report, work: Path, corpus: Corpus) -> None:

@@ -23,7 +23,7 @@ from bench.corpus import Corpus
 from bench.measure import SCOPE, Report, Row, daemon, pct, populate, us
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 
 def propagation(

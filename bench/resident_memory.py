@@ -22,7 +22,7 @@ from bench.corpus import Corpus
 from bench.measure import Report, Row, daemon, populate
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Tier
+from sidecar.core.memory import Tier
 
 
 def turns(stub: Any, sessions: Iterable[tuple[str, str]]) -> None:

@@ -14,7 +14,7 @@ document length; no stemming), scored over the same memories.
 the held-out ones (conv3, conv4): parameters are chosen on the first and
 only reported on the second, so they are not fitted to the sets that judge
 them. `--semantic-grid` does the same for the hybrid's blend weight and
-similarity floor (sidecar.semantic), with the local all-MiniLM-L6-v2.
+similarity floor (sidecar.retrieval.semantic), with the local all-MiniLM-L6-v2.
 conv5-conv10 are LoCoMo-scale: see LOCOMO_TUNING below. `--locomo` scores
 the LoCoMo benchmark's own file instead (see load_locomo).
 """
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar import partition, ranking, semantic
-from sidecar.embedding import Encoder, LocalEncoder
-from sidecar.keywords import keywords
-from sidecar.memory import Memory, Tier, Usage
+from sidecar.core.memory import Memory, Tier, Usage
+from sidecar.retrieval import partition, ranking, semantic
+from sidecar.retrieval.embedding import Encoder, LocalEncoder
+from sidecar.retrieval.keywords import keywords
 
 SETS = Path(__file__).resolve().parent / "relevance"
 # The first sets (about 140 turns a conversation), which chose BM25's
@@ -48,7 +48,7 @@ HELD_OUT = ("conv3", "conv4")
 # questions paraphrased), written blind by helpers once the above was
 # fixed. conv5-8 were measured before any change (plain BM25 45.8%,
 # lexical 62.9%, hybrid 70.0%); conv5-6 then chose the irregular-verb
-# forms (sidecar.keywords); conv9-10 were written after that and first run
+# forms (sidecar.retrieval.keywords); conv9-10 were written after that and first run
 # on the final code.
 LOCOMO_TUNING = ("conv5", "conv6")
 LOCOMO_HELD_OUT = ("conv7", "conv8")
@@ -164,7 +164,7 @@ def ours(memories: list[Memory]) -> Search:
 def hybrid(
     encoder: Encoder, weight: float = 0.5, floor: float = 0.35
 ) -> Callable[[list[Memory]], Search]:
-    """Our ranking blended with the encoder's cosines (sidecar.semantic), as
+    """Our ranking blended with the encoder's cosines (sidecar.retrieval.semantic), as
     the daemon does it: vectors stored as float16, the query embedded whole."""
 
     def make(memories: list[Memory]) -> Search:

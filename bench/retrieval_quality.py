@@ -19,7 +19,7 @@ from bench.measure import Report, Row
 
 def bench_retrieval(report: Report, locomo: Path | None) -> None:
     from bench import retrieval
-    from sidecar.embedding import LocalEncoder
+    from sidecar.retrieval.embedding import LocalEncoder
 
     encoder = LocalEncoder()
     rows: list[Row] = []
@@ -84,7 +84,7 @@ def bench_retrieval(report: Report, locomo: Path | None) -> None:
             "LoCoMo's own data (Maharana et al., ACL 2024; `make bench LOCOMO=locomo10.json`, "
             "not in this repository: CC BY-NC) is categories 1-4; it was never tuned on, "
             "except that two of its conversations' misses showed the date forms and "
-            "acronyms of sidecar.keywords."
+            "acronyms of sidecar.retrieval.keywords."
             if locomo is not None
             else "LoCoMo's own data is scored with `make bench LOCOMO=locomo10.json`."
         ),

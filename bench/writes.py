@@ -1,7 +1,7 @@
 """Section 5 of `make bench`: sustained writes on SQLite.
 
 Owns `bench_writes`: sequential AddMemory calls at durability normal and full.
-Baseline: raw Peewee inserts with the same pragmas (sidecar._sqlite), one
+Baseline: raw Peewee inserts with the same pragmas (sidecar.storage._sqlite), one
 transaction each, in this process.
 
 Must not touch the PostgreSQL writes (section 10, bench.postgres_writes) nor
@@ -19,9 +19,9 @@ import peewee
 
 from bench.corpus import Corpus
 from bench.measure import SCOPE, UNLIMITED, Report, Row, daemon
-from sidecar import _sqlite
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
+from sidecar.storage import _sqlite
 
 
 def bench_writes(report: Report, work: Path, corpus: Corpus, count: int) -> None:

@@ -1,23 +1,14 @@
 """memory-sidecar: a gRPC daemon that owns an AI agent's long-term memory.
 
-One flat package in layers, bottom up; a module imports only its own layer or
-lower ones. docs/ARCHITECTURE.md holds the table (tests/test_architecture.py
-checks it against the imports) and the paths of a write and of a turn.
-
-- foundation: the vocabulary (memory), errors, clock, limits, tokens, metrics,
-  and the small caches (_caches).
-- storage: the only code on Peewee/SQL: store, over its backends (_backend,
-  _sqlite, _postgres, _statements), and the change feed (changes).
-- retrieval: keywords, llm, embedding, semantic, scanner, blocks, ranking and
-  compact: functions and structures over entries, no sessions, no gRPC.
-- configuration: config, read once and passed in.
-- domain: engine, a thin orchestrator over partitions, indexer, snapshots,
-  sessions, queries and turns. No grpc.
-- edge: server, service, interceptors, access, paging, tracing.
-- operations: cli, daemon, admin, cagent, console.
+One package per layer, bottom up: core, storage, retrieval, config, domain,
+api (the gRPC and MCP edge) and ops (CLI, admin, start-up); a module imports
+only its own package or a lower one. docs/ARCHITECTURE.md holds the tree
+(tests/test_architecture.py checks it against the files and their imports)
+and the paths of a write and of a turn. _proto holds the generated stubs.
 
 Owns: __version__, and the BLAS thread default below; importing the package
-loads no module.
+loads no module. Must not touch: anything of the layers (a module here would
+sit above them all).
 """
 
 import os

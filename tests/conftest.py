@@ -27,15 +27,15 @@ from grpc_status import rpc_status
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import config as config_mod
-from sidecar import daemon
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.clock import system_clock
-from sidecar.engine import MemoryEngine
-from sidecar.metrics import Metrics
-from sidecar.server import Addresses, Sidecar
-from sidecar.store import Store
+from sidecar.api.server import Addresses, Sidecar
+from sidecar.config import settings as config_mod
+from sidecar.core.clock import system_clock
+from sidecar.core.metrics import Metrics
+from sidecar.domain.engine import MemoryEngine
+from sidecar.ops import daemon
+from sidecar.storage.store import Store
 from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +215,7 @@ def make_sidecar(
 def loaded_model() -> Any:
     """A LocalEncoder held while the module runs: the daemons' encoders
     share its weights instead of loading them once per backend."""
-    from sidecar.embedding import LocalEncoder  # the semantic extra
+    from sidecar.retrieval.embedding import LocalEncoder  # the semantic extra
 
     return LocalEncoder()
 

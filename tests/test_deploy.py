@@ -18,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sidecar import cli, config
+from sidecar.config import settings
+from sidecar.ops import cli
 from tests.conftest import ROOT, MakeSidecar, require_tool
 
 DEPLOY = ROOT / "deploy"
@@ -193,11 +194,11 @@ def test_the_semantic_component_swaps_the_image_and_makes_room(directory: Path) 
     assert semantic["image"] == "memory-sidecar-semantic:0.1.0"
     env = {e["name"]: e.get("value") for e in semantic["env"]}
     assert env["MEMORY_SIDECAR_SEMANTIC_ENCODER"] == "local"
-    assert config.load(environ=env).server.semantic_encoder == "local"
+    assert settings.load(environ=env).server.semantic_encoder == "local"
     # The bundled model (about 115 MiB resident, deploy/README.md) and the
     # vectors held, on top of what the plain image needs.
     assert "adds\n  about 115 MiB resident" in (DEPLOY / "README.md").read_text()
-    held = config.load(environ={}).server.semantic_cache_bytes / 2**20
+    held = settings.load(environ={}).server.semantic_cache_bytes / 2**20
     plain_limit = _mebibytes(plain["resources"]["limits"]["memory"])
     assert _mebibytes(semantic["resources"]["limits"]["memory"]) >= plain_limit + 115 + held
     # Everything else of the container is kept (the patch merges).
@@ -225,7 +226,7 @@ def test_the_single_example_never_runs_two_pods_on_its_volume() -> None:
     assert by_kind("PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
-def outlasts_the_startup_timeout(probe: dict[str, Any], cfg: config.Config) -> None:
+def outlasts_the_startup_timeout(probe: dict[str, Any], cfg: settings.Config) -> None:
     """The kubelet gives up on a start later than the sidecar does (its
     last attempt may take a connect timeout more), so the sidecar's exit,
     with its reason, is what the operator finds; and it does give up."""
@@ -312,7 +313,7 @@ def test_podmonitor_scrapes_the_metrics_port_of_the_pod() -> None:
 
 def _config(
     directory: Path = K8S, environ: dict[str, str] | None = None, files: Path | None = None
-) -> config.Config:
+) -> settings.Config:
     """The ConfigMap's config.yaml as the sidecar loads it; `files` stands
     in for the root of the container's filesystem (mounted Secrets)."""
     text = by_kind("ConfigMap", directory)["data"]["config.yaml"]
@@ -321,7 +322,7 @@ def _config(
     with tempfile.TemporaryDirectory(prefix="deploy-config-") as where:
         path = Path(where) / "config.yaml"
         path.write_text(text)
-        return config.load(path, environ=environ or {})
+        return settings.load(path, environ=environ or {})
 
 
 def test_the_configmap_is_a_valid_sidecar_config() -> None:
@@ -404,7 +405,7 @@ def test_dockerfile_is_non_root_with_a_volume_and_a_health_check() -> None:
     assert re.search(r'HEALTHCHECK .*\n\s+CMD \["memory-sidecar", "health"', text)
     assert "FROM python:3.11-slim" in text
     environ = dict(re.findall(r"(MEMORY_SIDECAR_[A-Z_]+)=(\S+)", text))
-    cfg = config.load(environ=environ)
+    cfg = settings.load(environ=environ)
     assert cfg.server.db == "/data/memory.db"
     assert cfg.server.listen == "127.0.0.1:50051"
 

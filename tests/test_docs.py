@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar import config
+from sidecar.config import settings
 from tests.conftest import ROOT, Running
 
 
@@ -33,8 +33,8 @@ def test_readme_client_example_runs(sidecar: Running) -> None:
 
 
 def test_example_config_is_valid_and_states_the_defaults() -> None:
-    example = config.load(ROOT / "deploy" / "config.example.yaml", environ={})
-    assert example == config.Config()
+    example = settings.load(ROOT / "deploy" / "config.example.yaml", environ={})
+    assert example == settings.Config()
 
 
 def test_readme_names_the_two_commands() -> None:

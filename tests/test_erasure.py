@@ -17,12 +17,14 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar import cli
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.erasure import Erased, Erasure
-from sidecar.memory import Scope, Tier
-from sidecar.store import Store
+from sidecar.core.memory import Scope, Tier
+from sidecar.ops import cli
+from sidecar.storage.erasure import Erased, Erasure
+from sidecar.storage.store import Store
+from tests.api.test_access import with_token
+from tests.api.test_access_tokens import sha256, write_tokens
 from tests.conftest import (
     MakeEngine,
     MakeSidecar,
@@ -31,8 +33,6 @@ from tests.conftest import (
     eventually,
     refused,
 )
-from tests.test_access import with_token
-from tests.test_access_tokens import sha256, write_tokens
 from tests.test_export import UNLIMITED, export
 from tests.test_export import seed as seed_export
 

@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 
-from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import Memory, Scope, Tier
-from sidecar.store import Store
+from sidecar.core.memory import Memory, Scope, Tier
+from sidecar.storage import archive
+from sidecar.storage.store import Store
 from tests.conftest import spawn_daemon
 from tests.test_erasure import SECRET
 

@@ -20,15 +20,17 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar import admin, archive, config
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.archive import LegacyEntry
-from sidecar.clock import to_micros
-from sidecar.compact import CompactPartition
-from sidecar.engine import MemoryEngine
-from sidecar.expiry import Requested
-from sidecar.memory import Scope, Tier
-from sidecar.store import Store, TierPolicy
+from sidecar.config import settings
+from sidecar.core.clock import to_micros
+from sidecar.core.memory import Scope, Tier
+from sidecar.domain.engine import MemoryEngine
+from sidecar.domain.expiry import Requested
+from sidecar.ops import admin
+from sidecar.retrieval.compact import CompactPartition
+from sidecar.storage import archive
+from sidecar.storage.archive import LegacyEntry
+from sidecar.storage.store import Store, TierPolicy
 from tests.conftest import MakeSidecar, Running, WallClock, error_info, refused
 
 pytestmark = pytest.mark.contract
@@ -452,7 +454,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
     clock = WallClock()
     store = Store(str(tmp_path / "m.db"), clock=clock)
     store.open()
-    engine = MemoryEngine(config.Config(), store)
+    engine = MemoryEngine(settings.Config(), store)
     try:
         scope = Scope("coder", "ada")
         expires = engine.expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))

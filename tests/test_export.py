@@ -23,10 +23,11 @@ import grpc
 import pytest
 import yaml
 
-from sidecar import archive, cli
-from sidecar._backend import ROWS_PER_INSERT
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.memory import Memory, Scope, Tier
+from sidecar.core.memory import Memory, Scope, Tier
+from sidecar.ops import cli
+from sidecar.storage import archive
+from sidecar.storage._backend import ROWS_PER_INSERT
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract

@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sidecar import archive
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.errors import DataLoss
-from sidecar.memory import Memory, Tier
-from sidecar.store import Store
+from sidecar.core.errors import DataLoss
+from sidecar.core.memory import Memory, Tier
+from sidecar.storage import archive
+from sidecar.storage.store import Store
 from tests.conftest import MakeSidecar, error_info, run_sidecar
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")

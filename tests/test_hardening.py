@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from sidecar import scanner
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.retrieval import scanner
 from tests.conftest import MakeSidecar, Running, error_info, refused
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")

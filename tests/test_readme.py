@@ -29,10 +29,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import cli, config
-from sidecar.access import parse_tokens
+from sidecar.api.access import parse_tokens
+from sidecar.config import settings
+from sidecar.ops import cli
 from tests.conftest import ROOT
-from tests.test_cagent import make_cagent_db
+from tests.ops.test_cagent import make_cagent_db
 
 README = ROOT / "README.md"
 # The directory the venv's console scripts are in: `. .venv/bin/activate`.
@@ -82,7 +83,7 @@ CLAIMS = {
     + "test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool",
     "memory-sidecar serve [--config": "test_serve_synopsis_matches_the_parser",
     "tokens:\n  - token_file:": (
-        "tests/test_access_tokens.py::test_the_readme_example_is_a_valid_tokens_file"
+        "tests/api/test_access_tokens.py::test_the_readme_example_is_a_valid_tokens_file"
     ),
     "- name: privacy-officer": "test_erasure_entry_is_a_valid_tokens_entry",
     'memory-sidecar add "': "test_cli_examples_run_as_written",
@@ -415,7 +416,7 @@ def test_erasure_entry_is_a_valid_tokens_entry(tmp_path: Path) -> None:
 def test_configuration_example_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(block("server:\n  db: var/memory.db").text)
-    cfg = config.load(path, environ={})
+    cfg = settings.load(path, environ={})
     assert cfg.defaults.memory_char_limit == 2200
     assert cfg.for_agent("coder").user_profile_enabled is False
 

@@ -281,12 +281,12 @@ def test_sqlite_poller_delivers_a_write_before_the_compaction_committed_after_it
 
     from prometheus_client import CollectorRegistry
 
-    from sidecar import config as config_mod
-    from sidecar import daemon
-    from sidecar._backend import SESSION_EVENTS_TABLE, STATE_TABLE
-    from sidecar._sqlite_poller import DataVersionPoller
-    from sidecar.changes import session_payload
-    from sidecar.metrics import Metrics
+    from sidecar.config import settings as config_mod
+    from sidecar.core.metrics import Metrics
+    from sidecar.ops import daemon
+    from sidecar.storage._backend import SESSION_EVENTS_TABLE, STATE_TABLE
+    from sidecar.storage._sqlite_poller import DataVersionPoller
+    from sidecar.storage.changes import session_payload
 
     path = str(tmp_path / "memory.db")
     cfg = config_mod.load(None, environ={}, flags={"db": path, "listen": "127.0.0.1:0"})

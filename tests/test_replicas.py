@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sidecar import admin
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.memory import SEPARATOR
+from sidecar.core.memory import SEPARATOR
+from sidecar.ops import admin
 from tests.conftest import MakeSidecar, Running, eventually, refused, run_sidecar, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -167,8 +167,8 @@ def test_import_into_a_live_database_reaches_the_daemon(
     line = admin.export_line
     source = make_sidecar(name="source.db")
     source.add("Deploys go through ArgoCD", scope=other)
-    from sidecar import archive
-    from sidecar.store import Store
+    from sidecar.storage import archive
+    from sidecar.storage.store import Store
 
     store = Store(source.db)
     store.open()
@@ -185,7 +185,7 @@ def test_import_into_a_live_database_reaches_the_daemon(
 def test_import_cagent_into_a_live_database_reaches_the_daemon(
     make_sidecar: MakeSidecar, tmp_path: Path
 ) -> None:
-    from tests.test_cagent import CAGENT_ROWS, make_cagent_db
+    from tests.ops.test_cagent import CAGENT_ROWS, make_cagent_db
 
     running = make_sidecar("defaults: {memory_char_limit: 0}")
     scope = pb.Scope(agent_id="coder")

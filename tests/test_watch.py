@@ -20,12 +20,13 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar import archive, server
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.archive import LegacyEntry
-from sidecar.memory import Memory, Scope, Tier
-from sidecar.store import TierPolicy
+from sidecar.api import server
+from sidecar.core.memory import Memory, Scope, Tier
+from sidecar.storage import archive
+from sidecar.storage.archive import LegacyEntry
+from sidecar.storage.store import TierPolicy
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract

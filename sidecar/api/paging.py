@@ -1,0 +1,186 @@
+"""Pages of list and search results (AIP-158), and responses that fit.
+
+A page token says where the next page starts (a memory's seq for lists,
+an offset into the ranking for search), carries a digest of the request
+that asked for it, so a token replayed with other filters is refused
+instead of silently paging through something else, and is signed
+(HMAC-SHA256) with the database's own key (sidecar.storage.store.page_token_key),
+so a token this server did not issue, or one edited to start elsewhere, is
+refused. Every replica of one database holds the same key: a token issued
+by one pages on any other. Tokens are not encrypted: a client may read
+them, not make them. ExportMemories' cursors are page tokens too.
+
+A page also ends early when the next entry would push the response past
+the byte budget (server.max_response_bytes), so no response a client asks
+for exceeds gRPC's default 4 MiB receive limit, whatever page_size says.
+
+Owns: the page-token format (versioned, bound to a request digest, signed),
+page sizes, and the byte budget that ends a page early. Must not touch: grpc
+or generated classes (messages are only measured, through ByteSize), the
+engine, the store (the key is handed in).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from sidecar.core.errors import InvalidArgument, ResourceExhausted
+
+# 1: unsigned (before schema 8); 2: [2, kind, digest, position, signature].
+_VERSION = 2
+# Tokens this module issues are far shorter; positions are 64-bit seqs.
+_MAX_TOKEN_CHARS = 256
+_MAX_POSITION = 2**63 - 1
+# A truncated HMAC-SHA256: 128 bits leave nothing to guess, and keep the
+# token short.
+_SIGNATURE_BYTES = 16
+
+
+def digest(*fields: object) -> str:
+    """A short fingerprint of the request fields a token is bound to."""
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
+
+
+def _invalid(message: str) -> InvalidArgument:
+    return InvalidArgument(message, reason="PAGE_TOKEN_INVALID")
+
+
+class PageTokens:
+    """Issues and checks the page tokens of one database, signed with its key.
+
+    >>> tokens = PageTokens(store.page_token_key())
+    >>> token = tokens.encode("list", digest(scope), 42)
+    >>> tokens.decode(token, "list", digest(scope))
+    42
+
+    Keyed once the store is open (`use`); nothing is served before that.
+    """
+
+    def __init__(self, key: bytes = b"") -> None:
+        self._key = key
+
+    def use(self, key: bytes) -> None:
+        self._key = key
+
+    def _signature(self, kind: str, bound_to: str, position: int) -> str:
+        if not self._key:
+            # Serving before the store was opened: a bug, not a client error.
+            raise RuntimeError("page tokens used before the database's key was read")
+        fields = json.dumps([_VERSION, kind, bound_to, position], separators=(",", ":"))
+        mac = hmac.digest(self._key, fields.encode(), "sha256")[:_SIGNATURE_BYTES]
+        return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+    def encode(self, kind: str, bound_to: str, position: int) -> str:
+        signature = self._signature(kind, bound_to, position)
+        raw = json.dumps([_VERSION, kind, bound_to, position, signature], separators=(",", ":"))
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    def decode(self, token: str, kind: str, bound_to: str) -> int:
+        """The position a token points at; 0 for no token (the first page)."""
+        if not token:
+            return 0
+        fields = _fields(token)
+        if fields is not None and fields[0] == 1:
+            raise _invalid(
+                "page_token is of an older, unsigned format this server no longer accepts; "
+                "start again from the first page (an empty page_token)"
+            )
+        valid = (
+            fields is not None
+            and len(fields) == 5
+            and fields[0] == _VERSION
+            and all(type(value) is str for value in (fields[1], fields[2], fields[4]))
+            and type(fields[3]) is int  # not a bool
+            and 0 <= fields[3] <= _MAX_POSITION
+            # Constant time: how much of a guess matched must not show.
+            and hmac.compare_digest(
+                self._signature(fields[1], fields[2], fields[3]).encode(), fields[4].encode()
+            )
+        )
+        if not valid or fields is None:
+            raise _invalid(
+                "page_token is not a token this server issued; "
+                "pass next_page_token from the previous response unchanged"
+            )
+        _version, token_kind, token_digest, position, _signature = fields
+        if (token_kind, token_digest) != (kind, bound_to):
+            raise InvalidArgument(
+                "page_token belongs to a different request; "
+                "repeat every other field of the request that returned it",
+                reason="PAGE_TOKEN_MISMATCH",
+            )
+        return int(position)
+
+
+def _fields(token: str) -> list[Any] | None:
+    """A token's fields, or None when it is not a JSON list in base64."""
+    if len(token) > _MAX_TOKEN_CHARS:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        fields = json.loads(raw)
+    except (binascii.Error, ValueError, TypeError, RecursionError):
+        return None
+    return fields if isinstance(fields, list) and fields else None
+
+
+def page_size(value: int, *, default: int, maximum: int) -> int:
+    """The page size asked for: 0 is the default, over the maximum is the maximum."""
+    if value < 0:
+        raise InvalidArgument(
+            f"page_size must not be negative, got {value}",
+            reason="PAGE_SIZE_OUT_OF_RANGE",
+            metadata={"page_size": value},
+        )
+    return min(value or default, maximum)
+
+
+def _varint_size(value: int) -> int:
+    size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
+
+
+def entry_size(message: Any) -> int:
+    """Bytes a message adds as one element of a repeated field (field
+    numbers below 16: a one-byte tag, the length, the message)."""
+    size = int(message.ByteSize())
+    return 1 + _varint_size(size) + size
+
+
+class Budget:
+    """Bytes left for a response's repeated entries."""
+
+    # Room for a next_page_token and the fields set after filling.
+    _RESERVE = 256
+
+    def __init__(self, max_bytes: int, response: Any) -> None:
+        self.left = max_bytes - int(response.ByteSize()) - self._RESERVE
+
+    def take(self, message: Any, *, first: bool = False) -> bool:
+        """Whether the message still fits (a page's first always does, or a
+        page could be empty with more to come); if so, it is counted."""
+        size = entry_size(message)
+        if size > self.left and not first:
+            return False
+        self.left -= size
+        return True
+
+
+def refuse_if_too_large(response: Any, max_bytes: int, what: str, hint: str) -> None:
+    """Refuse a response the client could not receive, saying why."""
+    size = int(response.ByteSize())
+    if size > max_bytes:
+        raise ResourceExhausted(
+            f"the {what} would be {size:,} bytes, over the {max_bytes:,}-byte response "
+            f"limit (server.max_response_bytes); {hint}",
+            reason="RESPONSE_TOO_LARGE",
+            metadata={"size": size, "max": max_bytes},
+        )

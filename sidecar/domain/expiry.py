@@ -1,0 +1,168 @@
+"""Expiry: when a new or changed entry expires, and the sweep that removes
+expired entries.
+
+An entry's expiry is an absolute time (microseconds, as the store keeps
+created_at), given as a time or as seconds from now, or else the agent's
+default for the tier (`memory_ttl_seconds`, `user_ttl_seconds`; 0: never).
+An expired entry is invisible from the moment it expires, on every replica
+and with no write (the store's reads leave it out, a cached partition or
+view showing it is stale by the clock: sidecar.domain.partition,
+sidecar.domain.snapshots). Removing the rows is this module's sweep, and every
+write removes its own partition's first (sidecar.storage.expiry).
+
+The sweep is a steppable loop (`run_once(now)`, started by sidecar.api.server):
+each step removes up to `batch` expired rows per partition, one write
+transaction per partition (its state row locked, an `expire` event per
+entry, the generation advanced so other replicas hear of it through the
+change feed), then updates this process's caches as a delete does.
+
+Owns: resolving and checking requested expiries, the sweep's steps. Must
+not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
+(sidecar.storage.expiry).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sidecar.config.settings import Config
+from sidecar.core.clock import from_micros, to_micros
+from sidecar.core.errors import InvalidArgument
+from sidecar.core.memory import Scope, Tier
+from sidecar.domain.partition import Partitions
+from sidecar.storage.store import Store
+
+log = logging.getLogger("sidecar.expiry")
+
+# The furthest an expiry may lie ahead: past this a TTL is a mistake (a
+# timestamp passed as seconds), not a plan. 100 years.
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """The expiry fields of a write, as the caller set them."""
+
+    expires_at: datetime | None = None
+    ttl_seconds: int = 0
+    # UpdateMemory only: the entry never expires.
+    clear: bool = False
+
+    @property
+    def given(self) -> bool:
+        return self.expires_at is not None or self.ttl_seconds != 0 or self.clear
+
+
+# Nothing asked: the agent's default for the tier (see Expiry.for_add).
+AS_CONFIGURED = Requested()
+
+
+class Expiry:
+    """Expiries of new entries, and the sweep, over one store and its caches."""
+
+    def __init__(
+        self, config: Config, store: Store, partitions: Partitions, *, batch: int = 500
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._partitions = partitions
+        self.batch = batch
+
+    def now(self) -> int:
+        """The injected clock's time, in microseconds."""
+        return to_micros(self._store.clock())
+
+    # --- what a write asks for ------------------------------------------------
+
+    def for_add(self, scope: Scope, tier: Tier, requested: Requested) -> int | None:
+        """When a new entry expires (microseconds; None: never): as asked,
+        else the agent's default for the tier."""
+        if requested.given:
+            return self._checked(requested)
+        settings = self._config.for_agent(scope.agent_id)
+        ttl = settings.memory_ttl_seconds if tier is Tier.MEMORY else settings.user_ttl_seconds
+        return self.now() + ttl * 1_000_000 if ttl else None
+
+    def for_update(self, requested: Requested) -> tuple[int | None, bool]:
+        """(the new expiry, whether to clear it); (None, False) leaves it."""
+        if requested.clear and (requested.expires_at is not None or requested.ttl_seconds):
+            raise _conflict("clear_expiry")
+        if requested.clear:
+            return None, True
+        return (self._checked(requested), False) if requested.given else (None, False)
+
+    def _checked(self, requested: Requested) -> int:
+        if requested.expires_at is not None and requested.ttl_seconds:
+            raise _conflict("ttl_seconds")
+        now = self.now()
+        if requested.expires_at is None:
+            ttl = requested.ttl_seconds
+            if not 0 < ttl <= MAX_TTL_SECONDS:
+                raise InvalidArgument(
+                    f"ttl_seconds must be between 1 and {MAX_TTL_SECONDS:,} (100 years), got {ttl}",
+                    reason="TTL_OUT_OF_RANGE",
+                    metadata={"field": "ttl_seconds", "ttl_seconds": ttl},
+                )
+            return now + ttl * 1_000_000
+        at = to_micros(requested.expires_at)
+        if at <= now:
+            raise InvalidArgument(
+                f"expires_at ({requested.expires_at.isoformat()}) is not in the future (now is "
+                f"{from_micros(now).isoformat()}); an entry that expires at once would never be "
+                "seen",
+                reason="EXPIRES_AT_PAST",
+                metadata={"field": "expires_at"},
+            )
+        if at > now + MAX_TTL_SECONDS * 1_000_000:
+            raise InvalidArgument(
+                f"expires_at ({requested.expires_at.isoformat()}) is more than 100 years ahead; "
+                "leave it unset for an entry that never expires",
+                reason="EXPIRES_AT_TOO_FAR",
+                metadata={"field": "expires_at"},
+            )
+        return at
+
+    # --- the sweep ------------------------------------------------------------
+
+    def run_once(
+        self,
+        now: datetime | None = None,
+        *,
+        max_batches: int = 1000,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """Remove entries expired by `now` (the clock's time by default), at
+        most `batch` per partition per transaction and `max_batches`
+        transactions in all, until `stop` says so; return how many were
+        removed."""
+        at = self.now() if now is None else to_micros(now)
+        removed = batches = 0
+        while batches < max_batches and not stop():
+            due = self._store.expiry.due(at, self.batch)
+            if not due:
+                break
+            for tier, owner in due:
+                if stop():
+                    break
+                key = (tier, owner)
+                # A write of this process to the partition and the update of
+                # its cached copy never interleave with this batch.
+                with self._partitions.writing([key]):
+                    swept = self._store.expiry.sweep(tier, owner, at, self.batch)
+                    self._partitions.swept(key, swept)
+                removed += len(swept.removed)
+                batches += 1
+        if removed:
+            log.debug("expiry sweep removed %d entries", removed)
+        return removed
+
+
+def _conflict(field: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"set at most one of expires_at, ttl_seconds and clear_expiry (also {field} was set)",
+        reason="EXPIRY_CONFLICT",
+        metadata={"field": field},
+    )

@@ -1,0 +1,423 @@
+"""Partitions and their freshness: the one room that loads a tier.
+
+A partition is one tier of one owner: its entries and keyword index as of
+one generation, held in full (sidecar.retrieval.partition) or compactly for a large
+tier (sidecar.retrieval.compact, loaded through sidecar.domain.index). Partitions are kept
+in a bounded LRU shared by every search, view and session. A partition held
+in full that reaches compact_tier_entries through a write of this process
+is let go, and loaded compactly at its next use.
+
+Freshness: `Generations` holds the newest known generation of each
+partition. Generations live in the database (sidecar.storage._backend); this
+process learns them from its own writes, after the commit and before the
+acknowledgement (`written`), and from the change feed (sidecar.storage.changes) for
+writes made by other processes: other replicas, `import`, `import-cagent`.
+While the feed is unverified (its listener lost, its poller failing),
+callers `verify` the partitions they use against the database first. A
+partition held in full is also stale once its first entry expires (by the
+store's clock: no write, no query), and loads without it; a compact one
+never is, since the entries it returns are read back and an expired one is
+not.
+
+Locks: a partition stripe (64 of them, by key) is held by a load and by a
+write of this process to that partition, so the two never interleave: the
+cached partition can be updated by the write's delta instead of being read
+back whole. Stripes are taken in index order; inside them only the
+dictionary locks of Generations and the LRU.
+
+Owns: the partition cache, the generations, the change feed's callback.
+Must not touch: snapshots and sessions (sidecar.domain.snapshots), rendering, or
+ranking; the database only through the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any
+
+from sidecar.config.settings import Config
+from sidecar.core.caches import LRU, Generations
+from sidecar.core.memory import Memory, Tier
+from sidecar.core.metrics import Metrics
+from sidecar.core.tokens import TokenCounter
+from sidecar.domain.index import Indexer
+from sidecar.retrieval import scanner
+from sidecar.retrieval.compact import CompactPartition
+from sidecar.retrieval.partition import Partition
+from sidecar.storage.changes import ChangeFeed
+from sidecar.storage.expiry import Swept
+from sidecar.storage.store import Store, Written
+
+PartitionKey = tuple[Tier, str]
+# A tier's entries and index: in full, or compact (a large tier).
+AnyPartition = Partition | CompactPartition
+STRIPES = 64
+# The erasures handled of partitions not followed, remembered to skip their
+# replays (see erased): a bound, not a correctness limit (one forgotten is
+# handled again, once).
+ERASURES_REMEMBERED = 10_000
+
+
+class Partitions:
+    """Current partitions, loaded at most once each and kept while used."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        metrics: Metrics,
+        tokens: TokenCounter,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        changes: bool = False,
+    ) -> None:
+        self._store = store
+        # The wall clock expiry is judged by (the store's, injected).
+        self.clock = store.clock
+        self._metrics = metrics
+        self._tokens = tokens
+        self._threshold = config.server.compact_tier_entries
+        self.indexer = Indexer(store, now=now)
+        self.generations = Generations()
+        self._cache: LRU[PartitionKey, AnyPartition] = LRU(
+            config.server.partition_cache_size,
+            max_weight=config.server.partition_cache_bytes,
+            weigh=lambda partition: partition.nbytes,
+            clock=now,
+        )
+        self._locks = [threading.Lock() for _ in range(STRIPES)]
+        # The generation of the last erasure heard of each followed partition:
+        # nothing built from before it is served again (see erased).
+        self.erasures = Generations()
+        # The newest erasure handled of each partition (followed or not).
+        self._handled: LRU[PartitionKey, int] = LRU(ERASURES_REMEMBERED)
+        # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
+        self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
+        # Partitions this process is erasing right now, each to the erasures
+        # heard of meanwhile (the erasing call's own dictionary): it handles
+        # them after its commit, counting what it drops (sidecar.domain.erasure).
+        self._erasing: dict[PartitionKey, dict[PartitionKey, int]] = {}
+        self._erasing_lock = threading.Lock()
+        # Without a feed this process assumes it is the database's only writer.
+        self.feed: ChangeFeed | None = None
+        if changes:
+            self.feed = store.change_feed(
+                self.heard,
+                poll_seconds=config.server.change_poll_ms / 1000,
+                heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
+            )
+            metrics.watch_feed(self.feed)
+        # Told of every generation this process writes or hears of: the one
+        # place both arrive (sidecar.domain.watch wakes its streams).
+        self.on_generation: Callable[[PartitionKey, int], None] | None = None
+        # Labelled child looked up once: every remote write touches it.
+        self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
+        metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def cached(self, key: PartitionKey) -> AnyPartition | None:
+        """The cached partition, current or not (None if not cached)."""
+        return self._cache.get(key)
+
+    def held_compactly(self, key: PartitionKey) -> bool:
+        """Whether the tier is held compactly: its cached partition is
+        compact or, not cached, it holds compact_tier_entries or more (one
+        read of its state row; nothing is loaded). A partition held in full
+        that reaches that size through a write is let go (see _written)."""
+        cached = self._cache.get(key)
+        if cached is not None:
+            return isinstance(cached, CompactPartition)
+        return bool(self._threshold) and self._store.tier_state(*key)[0] >= self._threshold
+
+    # --- freshness ------------------------------------------------------------
+
+    def heard(self, owner: str, tier: str, generation: int, erased: int = 0) -> None:
+        """The change feed's news: some process wrote (or erased) this partition."""
+        key = (Tier(tier), owner)
+        if erased and not self._kept_for_erasing(key, erased):
+            self.erased(key, erased)
+        if self.generations.observe_remote(key, generation):
+            self._remote_writes.inc()
+        if self.on_generation is not None:
+            self.on_generation(key, generation)
+
+    def verify(self, keys: Iterable[PartitionKey], *, force: bool = False) -> None:
+        """Without a verified feed (or `force`d), learn the partitions'
+        generations (and erasures) from the database."""
+        if self.feed is None or (self.feed.verified and not force):
+            return
+        for key, (generation, erased) in self._store.freshness(keys).items():
+            self.generations.track(key)
+            if erased:
+                self.erased(key, erased)
+            self.generations.observe(key, generation)
+
+    # --- erasures ---------------------------------------------------------------
+
+    def erased(self, key: PartitionKey, generation: int) -> int:
+        """The partition was erased as of `generation` (heard from the feed,
+        read by verify, or this process's own erasure): let go of the cached
+        partition if it is older, and tell `on_erased` (sessions and caches
+        built from it); how many sessions they dropped.
+
+        Recorded once per erasure, and only for a followed partition (one
+        nobody here has loaded has no session showing it); the listeners
+        hear of the others too, with `followed` False, to let go of caches
+        that outlive sessions: once per erasure too, as long as it is
+        remembered (the feed replays erasures: a PostgreSQL listener that
+        reconnects reads every state row again, erased ones included)."""
+        followed = self.generations.current(key) is not None
+        handled = self._handled.get(key) or 0
+        if not followed and generation <= handled:
+            return 0
+        self._handled.put(key, max(handled, generation))
+        if followed:
+            if generation <= (self.erasures.current(key) or 0):
+                return 0
+            self.erasures.observe(key, generation)
+            self.generations.observe(key, generation)
+            cached = self._cache.get(key)
+            if cached is not None and cached.generation < generation:
+                self._cache.discard(key)
+        return sum(listener(key, generation, followed) for listener in self.on_erased)
+
+    @contextlib.contextmanager
+    def erasing(self, keys: Collection[PartitionKey]) -> Iterator[dict[PartitionKey, int]]:
+        """While this process erases these partitions, the feed's news of
+        erasures of them (its own, or another process's) is kept in the
+        dictionary yielded (key -> newest generation heard), for the erasure
+        to handle once the block ends (it calls `erased` after its commit).
+        News heard after the block ends is handled as it comes."""
+        heard: dict[PartitionKey, int] = {}
+        with self._erasing_lock:
+            self._erasing.update(dict.fromkeys(keys, heard))
+        try:
+            yield heard
+        finally:
+            with self._erasing_lock:
+                for key in keys:
+                    self._erasing.pop(key, None)
+
+    def _kept_for_erasing(self, key: PartitionKey, generation: int) -> bool:
+        """Keep the news of an erasure for the erasure of `key` running here,
+        if one is; whether it was kept."""
+        with self._erasing_lock:
+            heard = self._erasing.get(key)
+            if heard is None:
+                return False
+            heard[key] = max(heard.get(key, 0), generation)
+            return True
+
+    def shows_erased(self, partitions: Iterable[AnyPartition]) -> bool:
+        """Whether any of these was loaded before an erasure of its
+        partition since heard (a frozen view must not be served then).
+
+        One no longer followed counts as erased: its erasure record went
+        with its generation (expire), and an erasure heard of meanwhile was
+        not recorded. Not a stand-in (generation 0: it shows nothing)."""
+        erased, followed = self.erasures.current, self.generations.current
+        for p in partitions:
+            key = (p.tier, p.owner)
+            if p.generation and followed(key) is None:
+                return True
+            if p.generation < (erased(key) or 0):
+                return True
+        return False
+
+    @property
+    def verified(self) -> bool:
+        """Whether news of other processes' writes can be trusted without asking."""
+        return self.feed is None or self.feed.verified
+
+    def is_fresh(self, partition: AnyPartition, owner: str | None = None) -> bool:
+        """Whether the partition is current as (tier, owner)'s: its own owner's
+        unless given (the shared empty view's stand-ins, see snapshots.View)."""
+        # A partition whose generation is no longer followed cannot be
+        # trusted (news of other processes' writes to it was not kept).
+        key = (partition.tier, partition.owner if owner is None else owner)
+        newest = self.generations.current(key)
+        if newest is None or partition.generation < newest:
+            return False
+        return partition.expires == math.inf or partition.expires > self.clock().timestamp()
+
+    # --- loading --------------------------------------------------------------
+
+    def get(self, key: PartitionKey, *, force: bool = False) -> AnyPartition:
+        """The partition as of its current generation, loaded at most once."""
+        cached = self._cache.get(key)
+        if cached is not None and not force and self.is_fresh(cached):
+            return cached
+        with self._stripe(key):
+            # Writes of this process to this partition hold the same lock
+            # (see writing); the rows and the generation come from one
+            # snapshot whoever else writes.
+            cached = self._cache.get(key)
+            if cached is not None and not force and self.is_fresh(cached):
+                return cached
+            # Followed from before the read: news of a write committed after
+            # the read is then kept, and marks what is loaded here stale.
+            # Pinned until cached, so the janitor cannot forget it in between.
+            with self.generations.loading(key):
+                partition = self._load(key)
+                self.generations.observe(key, partition.generation)
+                self._cache.put(key, partition)
+            return partition
+
+    def _load(self, key: PartitionKey) -> AnyPartition:
+        tier, owner = key
+        threshold = self._threshold
+        count, logged = self._store.tier_state(tier, owner)
+        if threshold and count >= threshold:
+            held = self.indexer.load(tier, owner)
+            self.indexer.maybe_index(key, held)
+            return held
+        if logged and threshold:
+            self.indexer.held_in_full(tier, owner)
+        loaded = self._store.tier_entries(tier, owner)
+        return Partition.build(
+            tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
+        )
+
+    def _annotations(self) -> dict[str, Any]:
+        return {"scan": scanner.finding, "count_tokens": self._tokens.count}
+
+    # --- writes of this process -------------------------------------------------
+
+    def _stripe(self, key: PartitionKey) -> threading.Lock:
+        return self._locks[hash(key) % STRIPES]
+
+    @contextlib.contextmanager
+    def writing(self, keys: Iterable[PartitionKey]) -> Iterator[None]:
+        """Hold the partition locks of the partitions a write may change.
+
+        A write and a (re)load of the same partition never interleave, so
+        the cached partition can be updated by the write's delta instead of
+        being read back whole. Stripes are taken in index order.
+        """
+        stripes = sorted({hash(key) % STRIPES for key in keys})
+        with contextlib.ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._locks[stripe])
+            yield
+
+    def added(self, key: PartitionKey, written: Written) -> None:
+        """An AddMemory committed (under `writing`)."""
+        memory, usage = written.memory, written.usage
+
+        def change(partition: AnyPartition, generation: int) -> AnyPartition | None:
+            if not written.created:
+                # Nothing new was stored (identical content, a replay): the
+                # generation advanced only for the expired entries the write
+                # removed first (_written takes them out). The existing
+                # entry is already held; appending it would show it twice.
+                if isinstance(partition, CompactPartition):
+                    return partition.removed((), generation, usage)
+                return None
+            if isinstance(partition, CompactPartition):
+                return partition.added(memory, generation, usage)
+            return partition.added(memory, generation, usage, **self._annotations())
+
+        self._written(key, written, change)
+
+    def changed(self, key: PartitionKey, written: Written, replacement: Memory | None) -> None:
+        """An update (`replacement` is the entry as written) or a delete
+        (None) of `written.memory` committed (under `writing`)."""
+        target, usage = written.memory, written.usage
+
+        def change(partition: AnyPartition, generation: int) -> AnyPartition | None:
+            if isinstance(partition, CompactPartition):
+                return partition.changed(target, replacement, generation, usage)
+            return partition.changed(
+                target.id, replacement, generation, usage, **self._annotations()
+            )
+
+        self._written(key, written, change)
+
+    def _written(
+        self,
+        key: PartitionKey,
+        written: Written,
+        change: Callable[[AnyPartition, int], AnyPartition | None],
+    ) -> None:
+        """After the commit and before the acknowledgement (under writing).
+
+        A turn that starts after the client hears back never sees the old
+        snapshot as current. A cached partition that was exactly one write
+        behind gets the write applied to it; any other is left to reload.
+        """
+        if written.generation == written.previous:
+            return
+        cached = self._cache.get(key)
+        self.generations.observe(key, written.generation)
+        if cached is not None and written.expired:
+            # The write first removed expired entries: a compact partition
+            # takes them out as the sweep's (a full one reloads without them).
+            cached = self._without(key, cached, written.expired, written.previous)
+        if self.on_generation is not None:
+            self.on_generation(key, written.generation)
+        if cached is not None and cached.generation == written.previous:
+            # StopIteration or None: the entry was not in the cached
+            # partition, or it was not the newest of its storage; it reloads.
+            with contextlib.suppress(StopIteration):
+                changed = change(cached, written.generation)
+                if changed is not None and self._outgrown(changed):
+                    # Loaded afresh at its next use, compactly, as a
+                    # process that had not held it would load it.
+                    self._cache.discard(key)
+                elif changed is not None:
+                    self._cache.put(key, changed)
+                    self.indexer.maybe_index(key, changed)
+        self._metrics.snapshot_invalidations.labels("write").inc()
+
+    def swept(self, key: PartitionKey, swept: Swept) -> None:
+        """The expiry sweep removed some of the partition's entries (under
+        `writing`): a cached compact partition takes them out, as deletes
+        (a million entries are not read again for one expiry); a full one
+        reloads at its next use."""
+        if swept.generation == swept.previous:
+            return
+        cached = self._cache.get(key)
+        self.generations.observe(key, swept.generation)
+        if self.on_generation is not None:
+            self.on_generation(key, swept.generation)
+        if isinstance(cached, CompactPartition) and cached.generation == swept.previous:
+            changed = cached.removed([r.seq for r in swept.removed], swept.generation, swept.usage)
+            if changed is not None:
+                self._cache.put(key, changed)
+                self.indexer.maybe_index(key, changed)
+        self._metrics.snapshot_invalidations.labels("expiry").inc()
+
+    def _without(
+        self, key: PartitionKey, cached: AnyPartition, seqs: tuple[int, ...], previous: int
+    ) -> AnyPartition | None:
+        """The cached partition without these expired entries, as of the
+        write's previous generation (so the write applies on top), or None."""
+        if not isinstance(cached, CompactPartition) or cached.generation != previous:
+            return None
+        # Tombstones at `previous`: this partition and the write's own see
+        # them gone; no older partition is handed out any more.
+        return cached.removed(seqs, previous, cached.usage)
+
+    def _outgrown(self, partition: AnyPartition) -> bool:
+        """Whether a partition held in full has reached compact_tier_entries."""
+        return (
+            isinstance(partition, Partition)
+            and bool(self._threshold)
+            and partition.count >= self._threshold
+        )
+
+    # --- letting go -------------------------------------------------------------
+
+    def expire(self, unused_since: float, held: Collection[PartitionKey]) -> None:
+        """Let go of cached partitions nobody has used since `unused_since`
+        and nothing holds, then stop following what is neither held nor cached."""
+        self._cache.expire(unused_since, keep=held)
+        followed = set(held).union(self._cache.keys())
+        self.generations.retain(followed)
+        self.erasures.retain(followed)

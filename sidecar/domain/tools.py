@@ -1,0 +1,533 @@
+"""The model's own memory tools: definitions, and one call run in a scope.
+
+The same code answers the MCP server (sidecar.api.mcp_server) and the gRPC
+ListTools/CallTool (sidecar.api.service). Three tools, shaped as the seeds' own
+(cagent's `target` memory|user, Hermes' edits by `old_text`):
+
+- `memory`: action add | replace | remove, target memory | user, content,
+  old_text. Replace and remove name the entry by text it contains: the
+  frozen block shows no ids.
+- `memory_search`: the tiers' entries that match a query, best first.
+- `memory_list`: every entry of a tier, with its size.
+
+Every result carries the tier's usage as the frozen block's header shows it
+(`[42% — 924/2,200 chars]`). What the model got wrong, or what the store
+refused (a full tier, no or several entries holding `old_text`, a similar
+entry), comes back as an error result whose text says what to do next; a
+full tier lists its entries with their sizes. Errors that are not the
+model's to fix (a token's grant, an unavailable database) are raised.
+
+The scope is the caller's, never the model's: no schema has a scope field
+and unknown arguments are refused, so a call cannot reach another scope.
+
+Owns: the tools' names, descriptions, schemas, argument checks and the texts
+the model reads. Must not touch: grpc or the MCP SDK (the edges render),
+the store (everything goes through the engine), access checks (the edges
+authorize the scope before calling).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sidecar.core.errors import (
+    AlreadyExists,
+    AmbiguousMatch,
+    BudgetExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SidecarError,
+    SimilarExists,
+)
+from sidecar.core.limits import Limits, checked
+from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
+from sidecar.retrieval import blocks
+
+if TYPE_CHECKING:
+    # Annotations only: `memory-sidecar mcp` (a bridge to a daemon over gRPC)
+    # uses these tools' definitions and need not load the engine.
+    from sidecar.domain.engine import MemoryEngine
+
+MEMORY, SEARCH, LIST = "memory", "memory_search", "memory_list"
+ACTIONS = ("add", "replace", "remove")
+TARGETS = {"memory": Tier.MEMORY, "user": Tier.USER}
+DEFAULT_SEARCH_LIMIT = 10
+MAX_SEARCH_LIMIT = 50
+# Errors of these kinds are the model's to act on: returned as tool errors.
+_MODELS_TO_FIX = (InvalidArgument, NotFound, FailedPrecondition, AlreadyExists)
+_TIER_NAMES = {Tier.MEMORY: "agent notes (target=memory)", Tier.USER: "user profile (target=user)"}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDef:
+    """One tool: its name, its description for the model, its arguments' JSON Schema."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """As an OpenAI function tool (Chat Completions' `tools` entry)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.input_schema,
+            },
+        }
+
+    def anthropic(self) -> dict[str, Any]:
+        """As an Anthropic Messages API tool."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a call gives back: text for the model, the outcome as data."""
+
+    text: str
+    structured: dict[str, Any]
+    is_error: bool = False
+
+
+def _target_schema(both: bool) -> dict[str, Any]:
+    values = [*TARGETS, "both"] if both else list(TARGETS)
+    return {
+        "type": "string",
+        "enum": values,
+        "default": "both" if both else "memory",
+        "description": "memory: your own notes; user: the user's profile"
+        + ("; both: either" if both else ""),
+    }
+
+
+def _strict(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+def _budgets(engine: MemoryEngine, scope: Scope) -> str:
+    settings = engine.settings(scope)
+    parts = []
+    for tier, name in ((Tier.MEMORY, "memory"), (Tier.USER, "user")):
+        policy = settings.policy(tier)
+        if not policy.enabled:
+            parts.append(f"{name}: switched off")
+        elif policy.limit_chars:
+            parts.append(f"{name}: {policy.limit_chars:,} characters")
+        else:
+            parts.append(f"{name}: unlimited")
+    return "; ".join(parts)
+
+
+# The arguments' schemas, the same for every scope (only the descriptions
+# state a scope's budgets): built once, and what `call` checks names against.
+SCHEMAS: dict[str, dict[str, Any]] = {
+    MEMORY: _strict(
+        {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "target": _target_schema(both=False),
+            "content": {
+                "type": "string",
+                "description": "The entry's text (add, replace).",
+            },
+            "old_text": {
+                "type": "string",
+                "description": "Text that occurs in exactly one existing entry of the "
+                "target: the entry to replace or remove. Quote a distinctive part.",
+            },
+        },
+        ["action"],
+    ),
+    SEARCH: _strict(
+        {
+            "query": {"type": "string", "description": "What to look for."},
+            "target": _target_schema(both=True),
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_SEARCH_LIMIT,
+                "default": DEFAULT_SEARCH_LIMIT,
+            },
+        },
+        ["query"],
+    ),
+    LIST: _strict({"target": _target_schema(both=True)}, []),
+}
+
+
+def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
+    """The tools, with descriptions that state this scope's budgets."""
+    budgets = _budgets(engine, scope)
+    memory = ToolDef(
+        MEMORY,
+        "Save, correct or remove one of your long-term memories. They are shown to you "
+        "at the start of every conversation, in the MEMORY (agent notes) and USER PROFILE "
+        "blocks of your system prompt. target=memory is for your own notes: facts about "
+        "the environment, project conventions, lessons learned. target=user is for what "
+        "you learn about the user: name, role, preferences. action=add saves `content` as "
+        "a new entry; action=replace finds the one entry containing `old_text` and "
+        "replaces it with `content`; action=remove deletes the one entry containing "
+        "`old_text`. Keep each entry short, one fact per entry, and correct an entry "
+        "instead of adding a contradicting one. Each target has a character budget "
+        f"({budgets}); every result shows its usage, and when a target is full, shorten "
+        "or remove entries first.",
+        SCHEMAS[MEMORY],
+    )
+    search = ToolDef(
+        SEARCH,
+        "Search your long-term memories (agent notes and user profile) for entries "
+        "relevant to a query, best first. Use it before adding, to avoid repeating an "
+        "entry, and to find the exact text to pass as old_text.",
+        SCHEMAS[SEARCH],
+    )
+    listing = ToolDef(
+        LIST,
+        "List every entry of your long-term memories with its size in characters, and "
+        f"each target's usage of its budget ({budgets}).",
+        SCHEMAS[LIST],
+    )
+    return [memory, search, listing]
+
+
+class _ArgumentError(Exception):
+    """A model's argument that does not fit the schema."""
+
+
+def _text(arguments: Mapping[str, Any], name: str, *, required: bool) -> str:
+    value = arguments.get(name)
+    if value is None:
+        if required:
+            raise _ArgumentError(f"`{name}` is required here")
+        return ""
+    if not isinstance(value, str):
+        raise _ArgumentError(f"`{name}` must be a string")
+    return value
+
+
+def _choice(arguments: Mapping[str, Any], name: str, allowed: Sequence[str], default: str) -> str:
+    value = arguments.get(name, default)
+    if value not in allowed:
+        raise _ArgumentError(f"`{name}` must be one of {', '.join(allowed)}; got {value!r}")
+    return str(value)
+
+
+def _tiers(target: str) -> tuple[Tier, ...]:
+    return tuple(TARGETS.values()) if target == "both" else (TARGETS[target],)
+
+
+def _usage_text(usage: Usage, limit_chars: int) -> str:
+    if limit_chars:
+        return f"[{blocks.budget_summary(usage, limit_chars)}]"
+    count = usage.entry_count
+    return f"[{count:,} {'entry' if count == 1 else 'entries'}, no budget]"
+
+
+def _usage_entry(usage: Usage, limit_chars: int) -> dict[str, int]:
+    """A tier's usage in a structured result."""
+    return {
+        "used_chars": usage.used_chars,
+        "limit_chars": limit_chars,
+        "entry_count": usage.entry_count,
+    }
+
+
+def _memory_data(memory: Memory) -> dict[str, Any]:
+    return {
+        "id": memory.id,
+        "target": memory.tier.value,
+        "content": memory.content,
+        "chars": len(memory.content),
+    }
+
+
+class Tools:
+    """The memory tools over one engine.
+
+    >>> tools = Tools(engine, config.server.limits())
+    >>> tools.call(Scope("coder"), "s1", "memory", {"action": "add", "content": "uses uv"}).text
+    'Saved to agent notes (target=memory) [1% — 7/2,200 chars]: uses uv'
+    """
+
+    def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
+        self._engine = engine
+        self._limits = limits
+        self._runs: dict[str, Callable[[Scope, Mapping[str, Any]], ToolResult]] = {
+            MEMORY: self._memory,
+            SEARCH: self._search,
+            LIST: self._list,
+        }
+
+    def definitions(self, scope: Scope) -> list[ToolDef]:
+        return definitions(self._engine, scope)
+
+    def call(
+        self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any] | None
+    ) -> ToolResult:
+        """Run one call in `scope` (authorized by the caller). `arguments`
+        None: what the model sent is not a JSON object (see arguments_of)."""
+        if not isinstance(arguments, Mapping):
+            # The model wrote them: it is told, and may try again.
+            return self._refused(
+                name,
+                "the arguments are not a JSON object; call it again with valid JSON",
+                "ARGUMENTS_INVALID",
+            )
+        run = self._runs.get(name)
+        if run is None:
+            raise InvalidArgument(
+                f"no tool named {name!r}; the tools are {', '.join(self._runs)}",
+                reason="TOOL_UNKNOWN",
+                metadata={"name": name},
+            )
+        allowed = set(SCHEMAS[name]["properties"])
+        unknown = sorted(set(arguments) - allowed)
+        if unknown:
+            return self._refused(
+                name,
+                f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"{name} takes {', '.join(sorted(allowed))} (the memories you reach are "
+                "set by the connection, not by arguments)",
+                "ARGUMENTS_INVALID",
+            )
+        try:
+            return run(scope, arguments)
+        except _ArgumentError as exc:
+            return self._refused(name, str(exc), "ARGUMENTS_INVALID")
+        except BudgetExceeded as exc:
+            return self._full(scope, name, exc)
+        except _MODELS_TO_FIX as exc:
+            return self._error(name, exc)
+
+    # --- the tools ----------------------------------------------------------
+
+    def _memory(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
+        action = _choice(arguments, "action", ACTIONS, "")
+        tier = TARGETS[_choice(arguments, "target", list(TARGETS), "memory")]
+        label = _TIER_NAMES[tier]
+        limit = self._engine.settings(scope).policy(tier).limit_chars
+        if action == "add":
+            content = self._content(_text(arguments, "content", required=True))
+            if arguments.get("old_text"):
+                raise _ArgumentError("`old_text` is for replace and remove; add takes content")
+            added = self._engine.add(scope, tier, content, "", 1.0)
+            memory, usage = added.memory, added.usage
+            verb = "Saved to" if added.created else "Already saved (an identical entry) in"
+            text = f"{verb} {label} {_usage_text(usage, limit)}: {memory.content}"
+            if added.similar:
+                text += (
+                    "\nIt nearly repeats "
+                    + "; ".join(repr(s.memory.content) for s in added.similar)
+                    + ". If they say the same, keep one (action=remove with old_text)."
+                )
+            outcome = self._outcome(action, memory, usage, limit, created=added.created)
+            outcome["similar"] = [
+                _memory_data(s.memory) | {"score": round(s.score, 4)} for s in added.similar
+            ]
+            return ToolResult(text, outcome)
+        old_text = self._old_text(_text(arguments, "old_text", required=True))
+        if action == "replace":
+            content = self._content(_text(arguments, "content", required=True))
+            memory, usage, _ = self._engine.update(
+                scope,
+                "",
+                content=content,
+                category=None,
+                confidence=None,
+                match=old_text,
+                tier=tier,
+            )
+            return ToolResult(
+                f"Replaced in {label} {_usage_text(usage, limit)}: now {memory.content!r}",
+                self._outcome(action, memory, usage, limit),
+            )
+        if arguments.get("content"):
+            raise _ArgumentError("`content` is for add and replace; remove takes old_text")
+        memory, usage, _ = self._engine.delete(scope, "", match=old_text, tier=tier)
+        return ToolResult(
+            f"Removed from {label} {_usage_text(usage, limit)}: {memory.content!r}",
+            self._outcome(action, memory, usage, limit),
+        )
+
+    def _search(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
+        query = checked(
+            "query",
+            _text(arguments, "query", required=True),
+            self._limits.query_chars,
+            multiline=True,
+        )
+        tiers = _tiers(_choice(arguments, "target", [*TARGETS, "both"], "both"))
+        limit = arguments.get("limit", DEFAULT_SEARCH_LIMIT)
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise _ArgumentError("`limit` must be an integer")
+        if not 1 <= limit <= MAX_SEARCH_LIMIT:
+            raise _ArgumentError(f"`limit` must be between 1 and {MAX_SEARCH_LIMIT}")
+        hits = self._engine.search(scope, query, tiers, limit=limit)
+        usage = self._engine.usage(scope, tiers)
+        head = f"{len(hits)} match{'es' if len(hits) != 1 else ''}" if hits else "No matches"
+        lines = [f"{head} ({self._usages(scope, usage)})" + (":" if hits else ".")]
+        lines.extend(f"{n}. [{m.tier.value}] {m.content}" for n, (m, _s) in enumerate(hits, 1))
+        return ToolResult(
+            "\n".join(lines),
+            {
+                "ok": True,
+                "hits": [_memory_data(m) | {"score": round(s, 4)} for m, s in hits],
+                "usage": self._usage_data(scope, usage),
+            },
+        )
+
+    def _list(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
+        tiers = _tiers(_choice(arguments, "target", [*TARGETS, "both"], "both"))
+        memories, usage = self._engine.list_memories(scope, tiers, "")
+        settings = self._engine.settings(scope)
+        lines: list[str] = []
+        for tier in tiers:
+            limit = settings.policy(tier).limit_chars
+            own = [m for m in memories if m.tier is tier]
+            lines.append(f"{_TIER_NAMES[tier]} {_usage_text(usage[tier], limit)}:")
+            lines.extend(
+                f"{n}. ({len(m.content):,} chars) {m.content}" for n, m in enumerate(own, 1)
+            )
+            if not own:
+                lines.append("(empty)")
+        return ToolResult(
+            "\n".join(lines),
+            {
+                "ok": True,
+                "memories": [_memory_data(m) for m in memories],
+                "usage": self._usage_data(scope, usage),
+            },
+        )
+
+    # --- helpers ------------------------------------------------------------
+
+    def _content(self, value: str) -> str:
+        return clean_content(checked("content", value, self._limits.content_chars, multiline=True))
+
+    def _old_text(self, value: str) -> str:
+        if not value.strip():
+            raise _ArgumentError("`old_text` is empty; quote text from the entry to change")
+        return checked("old_text", value, self._limits.content_chars, multiline=True)
+
+    def _usages(self, scope: Scope, usage: Mapping[Tier, Usage]) -> str:
+        settings = self._engine.settings(scope)
+        return ", ".join(
+            f"{tier.value} {_usage_text(u, settings.policy(tier).limit_chars)}"
+            for tier, u in usage.items()
+        )
+
+    def _usage_data(self, scope: Scope, usage: Mapping[Tier, Usage]) -> dict[str, Any]:
+        settings = self._engine.settings(scope)
+        return {
+            tier.value: _usage_entry(u, settings.policy(tier).limit_chars)
+            for tier, u in usage.items()
+        }
+
+    @staticmethod
+    def _outcome(
+        action: str, memory: Memory, usage: Usage, limit: int, *, created: bool = True
+    ) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "action": action,
+            "created": created,
+            "memory": _memory_data(memory),
+            "usage": {memory.tier.value: _usage_entry(usage, limit)},
+        }
+
+    @staticmethod
+    def _refused(name: str, message: str, reason: str) -> ToolResult:
+        return ToolResult(
+            f"{name}: {message}.",
+            {"ok": False, "error": {"reason": reason, "message": message}},
+            is_error=True,
+        )
+
+    def _error(self, name: str, exc: SidecarError) -> ToolResult:
+        if isinstance(exc, AmbiguousMatch):
+            quoted = "\n".join(f"- {text!r}" for _id, text in exc.candidates)
+            count = f"more than {len(exc.candidates)}" if exc.more else len(exc.candidates)
+            text = (
+                f"Not changed: old_text occurs in {count} entries:\n{quoted}"
+                f"{chr(10) + '- ...' if exc.more else ''}\n"
+                "Quote more of the one you mean as old_text."
+            )
+        elif isinstance(exc, SimilarExists):
+            text = (
+                f"Not saved: the {exc.tier} target already holds a similar entry: "
+                f"{exc.content!r}. If the new text corrects it, use action=replace with "
+                "old_text from it; if it says the same, it is already saved."
+            )
+        elif isinstance(exc, NotFound) and exc.reason == "MATCH_NOT_FOUND":
+            text = (
+                f"Not changed: {exc.message}. Use memory_list or memory_search to find the "
+                "entry's exact text."
+            )
+        else:
+            text = f"Not done: {exc.message}."
+        return ToolResult(
+            text,
+            {
+                "ok": False,
+                "error": {"reason": exc.reason, "message": exc.message, **exc.metadata},
+            },
+            is_error=True,
+        )
+
+    def _full(self, scope: Scope, name: str, exc: BudgetExceeded) -> ToolResult:
+        """A full tier: its entries with their sizes, and what to do."""
+        tier = Tier(exc.tier)
+        memories, _ = self._engine.list_memories(scope, [tier], "")
+        free = max(exc.limit - exc.used, 0)
+        lines = [
+            f"Not saved: {_TIER_NAMES[tier]} is full [{exc.used:,}/{exc.limit:,} chars]. "
+            f"This needs {exc.requested:,} more characters and {free:,} are free. "
+            "Current entries, with their sizes:",
+            *(f"{n}. ({len(m.content):,} chars) {m.content}" for n, m in enumerate(memories, 1)),
+            "Remove entries that are outdated or less useful (action=remove with old_text), "
+            "or shorten some (action=replace), then try again; or save a shorter entry.",
+        ]
+        return ToolResult(
+            "\n".join(lines),
+            {
+                "ok": False,
+                "error": {"reason": exc.reason, "message": exc.message, **exc.metadata},
+                "memories": [_memory_data(m) for m in memories],
+            },
+            is_error=True,
+        )
+
+    # --- what the MCP server offers besides tools ------------------------------
+
+    def frozen_block(self, scope: Scope, session_id: str) -> str:
+        """The session's frozen block, as InjectForTurn gives it."""
+        return self._engine.inject(scope, session_id).system_block
+
+    def turn_context(self, scope: Scope, session_id: str, user_message: str) -> str:
+        """The turn block for `user_message`, as InjectForTurn gives it."""
+        message = checked("user_message", user_message, self._limits.message_chars, multiline=True)
+        return self._engine.inject(scope, session_id, user_message=message).turn_context
+
+
+def arguments_of(text: str) -> Mapping[str, Any] | None:
+    """A call's JSON arguments ("" is no arguments), or None if not JSON."""
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None

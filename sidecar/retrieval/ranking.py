@@ -1,0 +1,388 @@
+"""Ranked retrieval: BM25 over keyword terms, blended with confidence.
+
+score = similarity_weight * (bm25 / best bm25) + confidence_weight * confidence
+
+(DeerFlow's planned blend, defaults 0.6 and 0.4). Any keyword may match;
+more matches and rarer words rank higher. Ties break by insertion order, so
+results are deterministic.
+
+rank() reads partitions through the `Ranked` protocol: a full partition
+(sidecar.retrieval.partition, whose term weights these are) or a compact one
+(sidecar.retrieval.compact). Skipping the entries that cannot place is
+sidecar.retrieval.pruning's. This module builds no index, reads entries only through
+a partition's fetch (a compact one's reads the database), and knows nothing
+of gRPC.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar.core.memory import Memory
+from sidecar.retrieval import pruning
+
+# Below this many entries, plain Python beats numpy's per-call overhead.
+VECTORIZE_FROM = 512
+# From this many entries on, rank() skips the entries that cannot reach the
+# first `limit` (sidecar.retrieval.pruning); below it, adding up every posting costs
+# less (measured on bench's corpus: even at 50,000, 0.45 against 0.53 ms p50).
+PRUNE_FROM = 50_000
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class Postings(NamedTuple):
+    """A term's entries in one partition (positions ascending, none twice)
+    and their BM25 weights: `weights` itself, or with a `table`, the floats
+    of the table it indexes (a compact partition keeps counts, and a count's
+    weight is then looked up only for the entries a search reads). A table
+    ascends, so its entry at the highest index is the highest weight."""
+
+    positions: npt.NDArray[np.integer[Any]]
+    weights: npt.NDArray[Any]
+    table: FloatArray | None = None
+
+    def all(self) -> FloatArray:
+        found: FloatArray = self.weights if self.table is None else self.table[self.weights]
+        return found
+
+    def at(self, index: npt.NDArray[np.integer[Any]]) -> FloatArray:
+        found: FloatArray = self.weights[index]
+        return found if self.table is None else self.table[found]
+
+    def highest(self) -> float:
+        top = self.weights.max()
+        return float(top if self.table is None else self.table[top])
+
+
+class Ranked(Protocol):
+    """A partition as rank() sees it: a partition.Partition or a
+    compact.CompactPartition."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def confidence(self) -> FloatArray: ...
+    @property
+    def recency(self) -> FloatArray: ...
+    @property
+    def seq(self) -> IntArray: ...
+    def alive(self) -> BoolArray | None: ...
+    def category_mask(self, category: str) -> BoolArray: ...
+    def term(self, term: str) -> Postings | None: ...
+    def fetch(self, positions: Sequence[int]) -> list[Memory | None]: ...
+
+
+class Listed:
+    """A partition holding its entries in memory (a partition.Partition
+    declares itself one): rank() can score it in plain Python, from its
+    memories and its postings (term -> entry indices, weights)."""
+
+    __slots__ = ()
+
+    memories: Sequence[Memory]
+    postings: dict[str, tuple[IntArray, FloatArray]]
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticScores:
+    """A query's cosines for rank(): one per position of the partitions end
+    to end (NaN for an entry without a vector), the blend's weight, and the
+    floor for a match by meaning alone."""
+
+    cosines: FloatArray
+    weight: float
+    floor: float
+
+
+def spread(cosines: FloatArray) -> FloatArray:
+    """The candidates' cosines scaled to 0..1, the lowest 0 and the best 1,
+    as BM25 is scaled to the best: how far apart two entries are counts, not
+    where a model's cosines happen to lie (all-MiniLM-L6-v2's run from about
+    -0.1 to 0.7, e5's from 0.7 to 0.95), so one blend weight suits any
+    encoder. An entry without a vector (NaN) gets 0; when the known cosines
+    are all alike, each gets 1, as a lone BM25 match scores 1."""
+    known = ~np.isnan(cosines)
+    if not known.any():
+        return np.zeros(len(cosines), dtype=np.float64)
+    values = cosines[known]
+    low, high = float(values.min()), float(values.max())
+    if high <= low:
+        return known.astype(np.float64)
+    return np.where(known, (cosines - low) / (high - low), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    similarity: float = 0.6
+    confidence: float = 0.4
+
+
+def rank(
+    partitions: Sequence[Ranked],
+    keywords: Sequence[str],
+    weights: Weights,
+    *,
+    match_all: bool = False,
+    category: str = "",
+    limit: int | None = None,
+    vectorized: bool | None = None,
+    leave_out: frozenset[int] = frozenset(),
+    semantic: SemanticScores | None = None,
+    prune: bool | None = None,
+) -> list[tuple[Memory, float]]:
+    """The best `limit` matching memories (all with None) and their scores,
+    leaving out the entries whose seqs are in `leave_out` (those the frozen
+    block shows: a compact tier then reads only what the turn can use).
+
+    No keywords: every memory, ranked by confidence, then recency, with its
+    confidence as its score.
+
+    Large tiers are scored in numpy arrays, so the cost is the query terms'
+    postings at C speed; small ones (the budgeted tiers of a cached turn) in
+    plain Python, which has no per-call array overhead. Both compute the same
+    floating-point operations in the same order and return the same answer
+    (tests/retrieval/test_ranking.py); `vectorized` forces one for those tests. Compact
+    partitions are always scored in arrays, and only the entries returned
+    are read (from the database); an entry removed in between is left out.
+
+    With a limit, from PRUNE_FROM entries on (or with `prune`), entries that
+    cannot place are skipped without being scored (sidecar.retrieval.pruning): a query
+    word held by most of a million entries then costs little. The answer is
+    the same, to the bit (tests/retrieval/test_pruning.py).
+
+    With `semantic` (sidecar.retrieval.semantic), similarity blends BM25 with each
+    entry's cosine to the query, and an entry matching no keyword matches
+    when its cosine reaches the floor. match_all ignores it: all keywords
+    must then match, as without; so does a query without keywords (only
+    stop words), which ranks everything by confidence, as without.
+    """
+    if match_all or not keywords:
+        semantic = None
+    plain = [p for p in partitions if isinstance(p, Listed)]
+    if semantic is not None:
+        vectorized = True
+    if vectorized is None:
+        vectorized = len(plain) < len(partitions) or sum(p.count for p in plain) > VECTORIZE_FROM
+    if not vectorized:
+        if len(plain) < len(partitions):
+            raise ValueError("compact partitions are ranked in arrays only")
+        ranked = _rank_python(plain, keywords, weights, match_all, category, None)
+        hits = [hit for hit in ranked if hit[0].seq not in leave_out]
+        return hits if limit is None else hits[:limit]
+    offsets = [0]
+    for p in partitions:
+        offsets.append(offsets[-1] + p.size)
+    total = offsets[-1]
+    live = sum(p.count for p in partitions)
+    if not live:
+        return []
+    confidence = pruning.joined([p.confidence for p in partitions])
+    seq = pruning.joined([p.seq for p in partitions])
+    masks = [p.alive() for p in partitions]
+    keep: BoolArray | None = None
+    if any(mask is not None for mask in masks):
+        keep = np.concatenate(
+            [
+                np.ones(p.size, dtype=bool) if m is None else m
+                for p, m in zip(partitions, masks, strict=True)
+            ]
+        )
+    if category:
+        wanted = np.concatenate([p.category_mask(category) for p in partitions])
+        keep = wanted if keep is None else keep & wanted
+
+    # Rank deep enough that `limit` remain once `leave_out` is left out.
+    deeper = None if limit is None else limit + len(leave_out)
+
+    def kept(ordered: Iterable[int]) -> list[int]:
+        found = [k for k in ordered if int(seq[k]) not in leave_out] if leave_out else ordered
+        return [int(k) for k in found][:limit]
+
+    if not keywords and semantic is None:
+        recency = pruning.joined([p.recency for p in partitions])
+        if deeper is None:
+            order = np.lexsort((seq, -recency, -confidence))
+            chosen = order if keep is None else order[keep[order]]
+            positions = kept(chosen.tolist())
+        else:
+            positions = kept(top_by_confidence(confidence, recency, seq, keep, deeper))
+        return _fetched(partitions, offsets, positions, [float(confidence[k]) for k in positions])
+
+    unique = list(dict.fromkeys(keywords))
+    postings: list[_Postings] = []
+    for term in unique:
+        found = [(pi, got) for pi, p in enumerate(partitions) if (got := p.term(term)) is not None]
+        df = sum(len(got.positions) for _, got in found)
+        postings.append(_Postings(math.log(1 + (live - df + 0.5) / (df + 0.5)), found, df))
+    if prune is None:
+        prune = total >= PRUNE_FROM
+    pruned = None
+    if prune and semantic is None and not match_all and deeper is not None:
+        pruned = pruning.pruned(postings, offsets, keep, confidence, weights, deeper)
+    if pruned is not None:
+        candidates, scores = pruned
+    else:
+        bm25 = np.zeros(total, dtype=np.float64)
+        # Counted only for match_all: any match leaves a positive score (every
+        # idf and every weight is), so bm25 > 0 says which entries matched.
+        matched = np.zeros(total, dtype=np.int32) if match_all else None
+        for term_postings in postings:
+            for pi, got in term_postings.found:
+                at = got.positions + offsets[pi] if offsets[pi] else got.positions
+                # A term lists an entry at most once: plain fancy indexing adds safely.
+                bm25[at] += term_postings.idf * got.all()
+                if matched is not None:
+                    matched[at] += 1
+        hit = bm25 > 0 if matched is None else matched >= len(unique)
+        if semantic is not None:
+            hit |= semantic.cosines >= semantic.floor
+        if keep is not None:
+            hit &= keep
+        candidates = np.nonzero(hit)[0]
+        scores = bm25[candidates]
+    if not len(candidates):
+        return []
+    best = float(scores.max())
+    similarity = scores / best if best > 0 else scores
+    if semantic is not None:
+        similarity = (1 - semantic.weight) * similarity + semantic.weight * spread(
+            semantic.cosines[candidates]
+        )
+    blended = weights.similarity * similarity + weights.confidence * (confidence[candidates])
+    if deeper is not None and len(candidates) > deeper:
+        # Everything scoring at least the deeper-th best, ties included, then
+        # the exact order (score, then insertion) on that small set.
+        threshold = np.partition(blended, len(blended) - deeper)[len(blended) - deeper]
+        near = blended >= threshold
+        candidates, blended = candidates[near], blended[near]
+    order = np.lexsort((seq[candidates], -blended))
+    if deeper is not None:
+        order = order[:deeper]
+    score = dict(zip(candidates[order].tolist(), blended[order].tolist(), strict=True))
+    positions = kept(candidates[order].tolist())
+    return _fetched(partitions, offsets, positions, [score[k] for k in positions])
+
+
+class _Postings(NamedTuple):
+    """One query term: its idf, its postings in each partition holding it,
+    and how many entries hold it."""
+
+    idf: float
+    found: list[tuple[int, Postings]]
+    df: int
+
+
+def _fetched(
+    partitions: Sequence[Ranked], offsets: list[int], chosen: list[int], scores: list[float]
+) -> list[tuple[Memory, float]]:
+    """The memories at these global positions, with their scores, in order;
+    each partition asked once."""
+    located: list[tuple[int, int]] = []
+    wanted: dict[int, list[int]] = {}
+    for k in chosen:
+        pi = bisect.bisect_right(offsets, k) - 1
+        located.append((pi, k - offsets[pi]))
+        wanted.setdefault(pi, []).append(k - offsets[pi])
+    got = {
+        pi: dict(zip(positions, partitions[pi].fetch(positions), strict=True))
+        for pi, positions in wanted.items()
+    }
+    return [
+        (memory, score)
+        for (pi, position), score in zip(located, scores, strict=True)
+        if (memory := got[pi][position]) is not None
+    ]
+
+
+def top_by_confidence(
+    confidence: FloatArray,
+    recency: FloatArray,
+    seq: IntArray,
+    keep: BoolArray | None,
+    limit: int,
+) -> list[int]:
+    """The first `limit` of the kept positions ordered by confidence (highest
+    first), then recency (newest first), then seq, without sorting them all:
+    the entries tied with the limit-th on confidence are narrowed by recency,
+    and only what is left is sorted."""
+    candidates = np.flatnonzero(keep) if keep is not None else np.arange(len(seq))
+    if limit <= 0 or not len(candidates):
+        return []
+    if len(candidates) > limit:
+        values = -confidence[candidates]
+        cut = np.partition(values, limit - 1)[limit - 1]
+        better, tied = candidates[values < cut], candidates[values == cut]
+        needed = limit - len(better)
+        if len(tied) > needed:
+            recent = -recency[tied]
+            tied = tied[recent <= np.partition(recent, needed - 1)[needed - 1]]
+        candidates = np.concatenate([better, tied])
+    order = np.lexsort((seq[candidates], -recency[candidates], -confidence[candidates]))
+    return [int(p) for p in candidates[order[:limit]]]
+
+
+def _term(
+    partitions: Sequence[Listed], term: str, total: int
+) -> tuple[float, list[tuple[int, tuple[IntArray, FloatArray]]]]:
+    """A query term's idf over all entries, and its postings per partition."""
+    found = [(pi, p.postings[term]) for pi, p in enumerate(partitions) if term in p.postings]
+    df = sum(len(indices) for _, (indices, _) in found)
+    return math.log(1 + (total - df + 0.5) / (df + 0.5)), found
+
+
+def _rank_python(
+    partitions: Sequence[Listed],
+    keywords: Sequence[str],
+    weights: Weights,
+    match_all: bool,
+    category: str,
+    limit: int | None,
+) -> list[tuple[Memory, float]]:
+    pool = [m for p in partitions for m in p.memories]
+    if not keywords:
+        chosen = sorted(
+            (m for m in pool if not category or m.category == category),
+            key=lambda m: (-m.confidence, -m.updated_at.timestamp(), m.seq),
+        )
+        return [(m, m.confidence) for m in (chosen if limit is None else chosen[:limit])]
+    unique = list(dict.fromkeys(keywords))
+    total = len(pool)
+    offsets = [0]
+    for p in partitions:
+        offsets.append(offsets[-1] + len(p.memories))
+    bm25: dict[int, float] = {}
+    matched: dict[int, int] = {}
+    for term in unique:
+        idf, found = _term(partitions, term, total)
+        for pi, (indices, values) in found:
+            for index, value in zip(indices.tolist(), values.tolist(), strict=True):
+                k = offsets[pi] + index
+                bm25[k] = bm25.get(k, 0.0) + idf * value
+                matched[k] = matched.get(k, 0) + 1
+    needed = len(unique) if match_all else 1
+    hits = [
+        k
+        for k, n in matched.items()
+        if n >= needed and (not category or pool[k].category == category)
+    ]
+    if not hits:
+        return []
+    best = max(bm25[k] for k in hits)
+    blended = [
+        (pool[k], weights.similarity * (bm25[k] / best) + weights.confidence * pool[k].confidence)
+        for k in hits
+    ]
+    blended.sort(key=lambda hit: (-hit[1], hit[0].seq))
+    return blended if limit is None else blended[:limit]

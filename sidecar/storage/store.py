@@ -1,0 +1,607 @@
+"""The store: tiered memories in one database, written within each tier's
+budget. Store owns the lifecycle, the writes and the reads of entries and
+usage; beside it, sharing the handle it builds (sidecar.storage._tables), are
+sidecar.storage.schema (models, migrations), sidecar.storage.index (`store.indexes`),
+sidecar.storage.vectors (`store.vectors`) and sidecar.storage.archive (backup, dump,
+restore, import). These storage modules and their private helpers (_tables,
+_backend, _sqlite, _postgres, _statements) are the only code that touches
+Peewee, and none imports the engine, service, server, ranking or compact.
+
+Every public method opens a pooled connection for its own duration, so the
+store is safe to call from any thread. Every write locks its partition's
+state row (see sidecar.storage._backend), checks the budget and duplicates against
+it, and advances it in the same transaction, so concurrent writers, in this
+process or any other, can never push a tier over its budget together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from peewee import fn
+
+from sidecar.core.clock import Clock, system_clock, to_micros
+from sidecar.core.errors import (
+    AlreadyExists,
+    BudgetExceeded,
+    CallerGone,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+)
+from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
+from sidecar.storage import _sqlite, schema
+from sidecar.storage._backend import (
+    PAGE_TOKEN_KEY,
+    Backend,
+    FeedSettings,
+    PartitionState,
+    StatementSpan,
+)
+from sidecar.storage._statements import Record, unexpired
+from sidecar.storage._tables import Tables, to_memory, usage_of
+from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.erasure import Erasure
+from sidecar.storage.events import EventLog
+from sidecar.storage.expiry import (
+    Expired,
+    ExpiryStore,
+    Purged,
+    advance,
+    purge_bounded,
+    purge_edited,
+)
+from sidecar.storage.index import IndexStore
+from sidecar.storage.schema import _Row
+from sidecar.storage.vectors import Vector, VectorStore
+
+log = logging.getLogger("sidecar.store")
+
+# How long close() waits for connections other threads still use.
+CLOSE_WAIT_SECONDS = 5.0
+
+# How long AddMemory remembers an idempotency key.
+IDEMPOTENCY_TTL_MICROS = 24 * 3600 * 1_000_000
+Wanted = Callable[[], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    """What the calling agent's configuration says about one tier."""
+
+    limit_chars: int
+    enabled: bool = True
+
+
+class Written(NamedTuple):
+    """What a write did: the entry, the tier's usage after, and the generations
+    of its partition before and after (equal when nothing changed)."""
+
+    memory: Memory
+    usage: Usage
+    created: bool
+    previous: int
+    generation: int
+    # Seqs of the partition's expired entries the write removed first.
+    expired: tuple[int, ...] = ()
+
+
+class Loaded(NamedTuple):
+    """One partition as of one generation."""
+
+    memories: list[Memory]
+    usage: Usage
+    generation: int
+
+
+def is_dsn(db: str) -> bool:
+    """Whether `server.db` names a PostgreSQL database rather than an SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+class Store:
+    """Tiered memories in one SQLite file or one PostgreSQL database.
+
+    `db` is a file path, or a postgresql:// DSN (the password, if any, is
+    given apart so that it never appears where the DSN is shown).
+
+    >>> store = Store("memory.db"); store.open()
+    >>> written = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0, TierPolicy(2200))
+    """
+
+    def __init__(
+        self,
+        db: str,
+        *,
+        password: str = "",
+        synchronous: str = "normal",
+        busy_timeout_ms: int = 5000,
+        max_connections: int = 64,
+        pool_idle_seconds: float = 60.0,
+        clock: Clock = system_clock,
+        on_query: Callable[[str, float], None] | None = None,
+        expiry_batch: int = 500,
+    ) -> None:
+        self._clock = self.clock = clock  # "now" for expiry here and in the caches above
+        self._backend: Backend
+        if is_dsn(db):
+            from sidecar.storage._postgres import PostgresBackend  # needs the postgres extra
+
+            self._backend = PostgresBackend(
+                db,
+                password=password,
+                busy_timeout_ms=busy_timeout_ms,
+                max_connections=max_connections,
+                idle_seconds=pool_idle_seconds,
+            )
+        else:
+            self._backend = _sqlite.SqliteBackend(
+                db,
+                synchronous=synchronous,
+                busy_timeout_ms=busy_timeout_ms,
+                max_connections=max_connections,
+            )
+        # Where the data lives, for logs and messages (a DSN without password).
+        self.path = self._backend.location
+        self.backend = self._backend.name
+        self._db = self._backend.db
+        # The handle the storage modules share, and the concerns beside the
+        # rows that have a module each (sidecar.storage.archive reaches `tables`).
+        self.tables = Tables(self._backend, clock)
+        self.indexes = IndexStore(self.tables)
+        self.expiry = ExpiryStore(self.tables, batch=expiry_batch)
+        self.vectors = VectorStore(self.tables)
+        self.events = EventLog(self.tables)
+        self.erasure = Erasure(self.tables, clock)
+        if on_query is not None:
+            # Peewee 4.5 reports every statement it runs, with its duration.
+            self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def open(self) -> int:
+        """Connect, check the storage, bring the schema up to date; return the
+        schema version. A damaged database is refused here, before serving."""
+        try:
+            with self._guard(), self._db.connection_context():
+                problem = self._backend.quick_check()
+                if problem != "ok":
+                    raise DataLoss(
+                        f"{self.path} is damaged ({problem}); restore it from a backup, or run "
+                        "`memory-sidecar check` for the full report",
+                        reason="DATABASE_CORRUPT",
+                    )
+                return schema.migrate(self._backend)
+        except BaseException:
+            self.close()  # a store that failed to open holds no connection
+            raise
+
+    def close(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Close every pooled connection (the last close checkpoints the WAL).
+
+        Connections another thread still uses (a call past the server's
+        grace, a stream finishing its read) are waited for, up to `wait`
+        seconds: closing one under a running statement frees the driver's
+        connection beneath it, which crashed the process (a segfault in
+        libpq, seen with a WatchMemories read during shutdown)."""
+        deadline = time.monotonic() + wait
+        while (busy := self._borrowed()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if busy:
+            log.warning("closing the store while %d connections are still in use", busy)
+        self._db.close_all()
+
+    def _borrowed(self) -> int:
+        """Connections handed out to other threads than this one."""
+        mine = 0 if self._db.is_closed() else 1
+        return max(0, len(getattr(self._db, "_in_use", ())) - mine)
+
+    def page_token_key(self) -> bytes:
+        """The key page tokens are signed with: random, made once per
+        database, so every replica on it accepts the others' tokens."""
+        with self._guard(), self._db.connection_context():
+            return self._backend.key(PAGE_TOKEN_KEY)
+
+    def trace(self, span: StatementSpan | None) -> None:
+        """Run every statement inside `span(sql)` (sidecar.api.tracing); None stops."""
+        self._backend.trace(span)
+
+    def schema_version(self) -> int:
+        with self._guard(), self._db.connection_context():
+            return schema.current_version(self._backend)
+
+    def integrity_check(self) -> str:
+        with self._guard(), self._db.connection_context():
+            return self._backend.integrity_check()
+
+    def connection_settings(self) -> dict[str, int | str]:
+        """The settings of the connection this thread is handed."""
+        with self._guard(), self._db.connection_context():
+            return self._backend.connection_settings()
+
+    def change_feed(
+        self, on_change: OnChange, *, poll_seconds: float, heartbeat_seconds: float
+    ) -> ChangeFeed:
+        """A feed of the partitions other processes write (not started)."""
+        return self._backend.change_feed(
+            on_change, FeedSettings(poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds)
+        )
+
+    def generations(self, keys: Iterable[tuple[Tier, str]]) -> dict[tuple[Tier, str], int]:
+        """The current generation of each (tier, owner) partition that was ever written."""
+        return {key: generation for key, (generation, _) in self.freshness(keys).items()}
+
+    def freshness(
+        self, keys: Iterable[tuple[Tier, str]]
+    ) -> dict[tuple[Tier, str], tuple[int, int]]:
+        """(generation, generation of its last erasure or 0) of each (tier,
+        owner) partition that was ever written."""
+        wanted = {(owner, tier.value): (tier, owner) for tier, owner in keys}
+        with self._guard(), self._db.connection_context():
+            states = self._backend.states(wanted)
+        return {wanted[key]: (state.generation, state.erased) for key, state in states.items()}
+
+    def counts(self) -> dict[tuple[Tier, str], int]:
+        """Entries per (tier, owner)."""
+        Row = self.tables.rows
+        with self._guard(), self._db.connection_context():
+            query = Row.select(Row.tier, Row.owner, fn.COUNT(Row.seq)).group_by(Row.tier, Row.owner)
+            counts: dict[tuple[Tier, str], int] = {}
+            rows: Iterable[tuple[str, str, int]] = query.tuples()  # type: ignore[assignment]
+            for tier, owner, count in rows:
+                counts[(Tier(tier), owner)] = int(count)
+            return counts
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return self._backend.guard()
+
+    # --- writes -------------------------------------------------------------
+
+    def add(
+        self,
+        scope: Scope,
+        tier: Tier,
+        content: str,
+        category: str,
+        confidence: float,
+        policy: TierPolicy,
+        *,
+        idempotency_key: str = "",
+        still_wanted: Wanted | None = None,
+        vector: Vector | None = None,
+        expires_at: int | None = None,
+    ) -> Written:
+        """Store an entry (`expires_at`: microseconds, None never); say
+        what was stored and whether it is new.
+
+        Content identical to an entry of the same scope and tier returns that
+        entry unchanged (created = False), and so does a retry carrying the
+        idempotency key of an earlier add.
+        """
+        _require_enabled(tier, policy)
+        owner = scope.owner(tier)
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            locked = self._backend.lock_partition(owner, tier.value)
+            _require_caller(still_wanted)
+            now = to_micros(self._clock())
+            purged = purge_bounded(self.tables, owner, tier, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
+            usage = usage_of(purged.weighed(state))
+            if idempotency_key:
+                earlier = _replay(self.tables, owner, tier, idempotency_key, content, now)
+                if earlier is not None:
+                    return _unchanged(self.tables, earlier, locked, purged, now)
+            existing = self.tables.identical(owner, tier, content, now)
+            if existing is not None:
+                key, known = idempotency_key, existing.memory_id
+                _remember(self.tables, owner, tier, key, known, content, now)
+                return _unchanged(self.tables, existing, locked, purged, now)
+            added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
+            _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
+            row = self.tables.insert(
+                str(uuid.uuid4()), owner, tier, content, category, confidence, now,
+                expires_at=expires_at,
+            )  # fmt: skip
+            if vector is not None:
+                digest = _sqlite.content_digest(content)
+                self._backend.put_vector(row.seq, vector.model, digest, vector.data)
+            _remember(self.tables, owner, tier, idempotency_key, row.memory_id, content, now)
+            after = state._replace(
+                content_chars=state.content_chars + len(content),
+                entry_count=state.entry_count + 1,
+            )
+            generation = advance(self.tables, owner, tier, after, expired, row.seq, now)
+            self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
+            return _done(row, purged.weighed(after), True, locked, generation, expired)
+
+    def update(
+        self,
+        scope: Scope,
+        memory_id: str,
+        policies: Mapping[Tier, TierPolicy],
+        *,
+        content: str | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+        still_wanted: Wanted | None = None,
+        vector: Vector | None = None,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
+        expires_at: int | None = None,
+        clear_expiry: bool = False,
+    ) -> Written:
+        """Change the given fields of an entry of this scope, named by id or
+        by `match` in `tier` (see Tables.edited) (`vector`: the new
+        content's embedding, stored if the content changes; `expires_at`:
+        a new expiry, `clear_expiry`: none).
+
+        Content identical to another entry of the same tier is refused
+        (ALREADY_EXISTS, naming that entry): two entries never say the same.
+        """
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            row, locked = self.tables.edited(scope, memory_id, match, tier)
+            _require_caller(still_wanted)
+            tier = Tier(row.tier)
+            now = to_micros(self._clock())
+            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
+            policy = policies[tier]
+            _require_enabled(tier, policy)
+            usage = usage_of(purged.weighed(state))
+            after = state
+            if content is not None and content != row.content:
+                twin = self.tables.identical(row.owner, tier, content, now)
+                if twin is not None:
+                    raise AlreadyExists(
+                        f"another entry of the {tier.label} tier already says exactly this "
+                        f"(id {twin.memory_id}); update or delete that one instead",
+                        reason="DUPLICATE_CONTENT",
+                        metadata={"id": row.memory_id, "existing_id": twin.memory_id},
+                    )
+                delta = len(content) - row.content_chars
+                after = state._replace(content_chars=state.content_chars + delta)
+                # Only growth is refused: an entry may always shrink, even in
+                # a tier already over a budget that was lowered after the fact.
+                if delta > 0:
+                    _check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
+                row = row._replace(content=content, content_chars=len(content))
+                if vector is not None:
+                    digest = _sqlite.content_digest(content)
+                    self._backend.put_vector(row.seq, vector.model, digest, vector.data)
+            if category is not None:
+                row = row._replace(category=category)
+            if confidence is not None:
+                row = row._replace(confidence=float(confidence))
+            if expires_at is not None or clear_expiry:
+                row = row._replace(expires_at=expires_at)
+            row = row._replace(updated_at=now)
+            self._db.execute_sql(
+                self.tables.sql.update.sql,
+                self.tables.sql.update.params(
+                    content=row.content,
+                    content_chars=row.content_chars,
+                    content_sha256=_sqlite.content_digest(row.content),
+                    category=row.category,
+                    confidence=row.confidence,
+                    updated_at=row.updated_at,
+                    expires_at=row.expires_at,
+                    seq=row.seq,
+                ),
+            )
+            generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
+            self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
+            return _done(row, purged.weighed(after), False, locked, generation, expired)
+
+    def delete(
+        self,
+        scope: Scope,
+        memory_id: str,
+        *,
+        match: str = "",
+        tier: Tier = Tier.MEMORY,
+        still_wanted: Wanted | None = None,
+    ) -> Written:
+        """Remove an entry of this scope, named by id or by `match` in
+        `tier`, as update does; the memory is as it was."""
+        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+            row, locked = self.tables.edited(scope, memory_id, match, tier)
+            _require_caller(still_wanted)
+            now = to_micros(self._clock())
+            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            state, expired = purged.state, purged.removed
+            self._db.execute_sql(
+                self.tables.sql.delete.sql, self.tables.sql.delete.params(seq=row.seq)
+            )
+            after = state._replace(
+                content_chars=state.content_chars - row.content_chars,
+                entry_count=state.entry_count - 1,
+            )
+            tier = Tier(row.tier)
+            generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
+            self.tables.logged(row.owner, tier, generation, "delete", row.memory_id, now)
+            return _done(row, purged.weighed(after), False, locked, generation, expired)
+
+    # --- reads --------------------------------------------------------------
+
+    def list_memories(
+        self,
+        scope: Scope,
+        tiers: Collection[Tier],
+        category: str = "",
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
+        include_expired: bool = False,
+    ) -> tuple[list[Memory], dict[Tier, Usage]]:
+        """Entries of the given tiers in insertion order, and each tier's usage:
+        the first `limit` entries after `after_seq` (a page), or all of them;
+        those expired and not yet swept only with `include_expired`.
+
+        One read transaction, so the list and the usage agree.
+        """
+        Row = self.tables.rows
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            query = Row.select().where(_scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
+            if not include_expired:
+                query = query.where(unexpired(Row, self.tables.now()))
+            if category:
+                query = query.where(Row.category == category)
+            query = query.order_by(Row.seq)
+            if limit is not None:
+                query = query.limit(limit)
+            memories = [to_memory(row) for row in query]
+            usage = self._usages(scope, tiers)
+        return memories, usage
+
+    def tier_entries(self, tier: Tier, owner: str) -> Loaded:
+        """One owner's entries of one tier in insertion order, their usage and
+        the partition's generation, all as of one snapshot."""
+        with self._guard(), self._db.connection_context(), self._backend.read_transaction():
+            partition = self.tables.sql.partition
+            now = self.tables.now()
+            rows = self.tables.rows_of(partition, owner=owner, tier=tier.value, now=now)
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+        memories = [to_memory(row) for row in rows]
+        # Counted from the rows read: expired rows not yet swept weigh nothing.
+        usage = Usage.of(row.content_chars for row in rows)
+        return Loaded(memories, usage, 0 if state is None else state.generation)
+
+    def tier_state(self, tier: Tier, owner: str) -> tuple[int, bool]:
+        """How many entries the partition holds, and whether its changes are
+        logged (it has or is getting a compact index), from its state row."""
+        with self._guard(), self._db.connection_context():
+            state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+        return (state.entry_count, state.indexed != 0) if state is not None else (0, False)
+
+    def memories_by_seq(self, tier: Tier, owner: str, seqs: Sequence[int]) -> list[Memory]:
+        """The partition's entries with these seqs, in the order asked; any
+        since removed are left out."""
+        if not seqs:
+            return []
+        with self._guard(), self._db.connection_context():
+            records = self.tables.records_by_seq(owner, tier, seqs, self.tables.now())
+            found = {r.seq: to_memory(r) for r in records}
+        return [found[s] for s in seqs if s in found]
+
+    def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
+        with self._guard(), self._db.connection_context():
+            return self._usages(scope, tiers)
+
+    # --- helpers (call inside a connection) ---------------------------------
+
+    def _usages(self, scope: Scope, tiers: Collection[Tier]) -> dict[Tier, Usage]:
+        keys = {tier: (scope.owner(tier), tier.value) for tier in tiers}
+        states = self._backend.states(keys.values())
+        states = self.expiry.discounted(states, self.tables.now())
+        return {
+            tier: usage_of(states[key]) if key in states else Usage() for tier, key in keys.items()
+        }
+
+
+def _replay(
+    tables: Tables, owner: str, tier: Tier, key: str, content: str, now: int
+) -> _Row | Record | None:
+    """The entry an earlier add with this key stored, if the key is known."""
+    Key = tables.keys
+    Key.delete().where(Key.created_at < now - IDEMPOTENCY_TTL_MICROS).execute()
+    record = Key.get_or_none((Key.owner == owner) & (Key.tier == tier.value) & (Key.key == key))
+    if record is None:
+        return None
+    if record.content_sha256 != _sqlite.content_digest(content):
+        raise InvalidArgument(
+            "idempotency_key was already used for different content; use a new key",
+            reason="IDEMPOTENCY_KEY_REUSED",
+            metadata={"idempotency_key": key},
+        )
+    Row = tables.rows
+    row: _Row | None = Row.get_or_none(Row.memory_id == record.memory_id)
+    if row is None:
+        raise FailedPrecondition(
+            "idempotency_key was already used, and the memory it stored has been deleted since",
+            reason="IDEMPOTENCY_KEY_USED",
+            metadata={"idempotency_key": key, "id": record.memory_id},
+        )
+    return row
+
+
+def _remember(
+    tables: Tables, owner: str, tier: Tier, key: str, memory_id: str, content: str, now: int
+) -> None:
+    if key:
+        tables.keys.create(
+            owner=owner,
+            tier=tier.value,
+            key=key,
+            memory_id=memory_id,
+            content_sha256=_sqlite.content_digest(content),
+            created_at=now,
+        )
+
+
+def _done(
+    row: _Row | Record,
+    after: PartitionState,
+    created: bool,
+    locked: PartitionState,
+    generation: int,
+    expired: Sequence[Expired],
+) -> Written:
+    """What a write did, its partition locked at `locked` and written at
+    `generation` (after removing `expired`)."""
+    seqs = tuple(gone.seq for gone in expired)
+    return Written(to_memory(row), usage_of(after), created, locked.generation, generation, seqs)
+
+
+def _unchanged(
+    tables: Tables, row: _Row | Record, locked: PartitionState, purged: Purged, now: int
+) -> Written:
+    """An add that stored nothing new: the partition still advances if it
+    removed expired rows first."""
+    generation, state, expired = locked.generation, purged.state, purged.removed
+    if expired:
+        generation = advance(tables, row.owner, Tier(row.tier), state, expired, None, now)
+    return _done(row, purged.weighed(state), False, locked, generation, expired)
+
+
+def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
+    clause: Any = None
+    for tier in tiers:
+        part = (Row.tier == tier.value) & (Row.owner == scope.owner(tier))
+        clause = part if clause is None else (clause | part)
+    return clause
+
+
+def _require_caller(still_wanted: Wanted | None) -> None:
+    """Refuse to write for a caller that has gone.
+
+    Checked after the write lock is taken: a call that waited on the lock
+    past its deadline, or was cancelled, changes nothing.
+    """
+    if still_wanted is not None and not still_wanted():
+        raise CallerGone("the caller cancelled or its deadline passed; nothing was written")
+
+
+def _require_enabled(tier: Tier, policy: TierPolicy) -> None:
+    if not policy.enabled:
+        raise FailedPrecondition(
+            f"the {tier.label} tier is disabled for this agent; writes to it are refused",
+            reason="TIER_DISABLED",
+            metadata={"tier": tier.value},
+        )
+
+
+def _check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: int) -> None:
+    if policy.limit_chars and after > policy.limit_chars:
+        raise BudgetExceeded(
+            tier=tier.value,
+            label=tier.label,
+            used=used,
+            limit=policy.limit_chars,
+            requested=added,
+        )

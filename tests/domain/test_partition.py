@@ -1,0 +1,148 @@
+"""sidecar.domain.partition: the partition cache, its byte budget, and freshness
+learned from this process's writes and other processes' (the change feed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.core.memory import Scope, Tier
+from sidecar.retrieval.compact import CompactPartition
+from sidecar.retrieval.partition import Partition
+from sidecar.storage.store import Store, TierPolicy
+from tests.conftest import MakeEngine
+
+SCOPE = Scope(agent_id="coder", user_id="ada")
+
+
+@pytest.mark.parametrize("tier", list(Tier))
+def test_another_process_writing_a_never_written_tier_is_seen_on_the_next_turn(
+    make_engine: MakeEngine, tmp_path: Path, tier: Tier
+) -> None:
+    # Sessions of scopes with nothing written share one snapshot: news of a
+    # write to this scope's tier must still reach this session, and only it.
+    engine, _, metrics = make_engine("server: {partition_cache_size: 1}", changes=True)
+    feed = engine.feed
+    assert feed is not None
+    feed.run_once()  # verified: cached turns trust the feed, reading nothing
+    other = Scope(agent_id="other", user_id="bob")
+    assert engine.inject(SCOPE, "s").system_block == ""
+    assert engine.inject(other, "s").system_block == ""
+    assert engine.inject(SCOPE, "s").snapshot is engine.inject(other, "s").snapshot
+    engine.evict_idle()  # the janitor keeps following what sessions hold
+
+    def selects() -> float:
+        return (
+            metrics.registry.get_sample_value("memory_db_queries_total", {"operation": "select"})
+            or 0.0
+        )
+
+    before = selects()
+    assert engine.inject(SCOPE, "s").cache_hit
+    assert selects() == before
+
+    writer = Store(str(tmp_path / "m.db"))
+    writer.open()
+    try:
+        writer.add(SCOPE, tier, "written elsewhere", "", 1.0, TierPolicy(2200))
+    finally:
+        writer.close()
+    feed.run_once()
+    turn = engine.inject(SCOPE, "s")
+    assert not turn.cache_hit
+    assert "written elsewhere" in turn.system_block
+    assert engine.inject(SCOPE, "s").cache_hit
+    # The other scope's session still holds the shared snapshot.
+    assert engine.inject(other, "s").cache_hit
+    assert engine.inject(other, "s").system_block == ""
+
+
+def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> None:
+    engine, _, metrics = make_engine("server: {partition_cache_bytes: 200000}")
+    for n in range(40):
+        scope = Scope(agent_id=f"agent-{n}")
+        for k in range(10):
+            engine.add(scope, Tier.MEMORY, f"agent {n} knows fact number {k}", "", 1.0)
+        engine.search(scope, "fact", [Tier.MEMORY], limit=5)
+    cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
+    assert cached is not None
+    assert 0 < cached <= 200_000
+    assert 0 < engine.stats().partitions < 40
+
+
+def test_a_tier_larger_than_the_cache_budget_is_not_reloaded_every_time(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, metrics = make_engine(
+        "server: {partition_cache_bytes: 50000}\ndefaults: {memory_char_limit: 0}"
+    )
+    big = Scope(agent_id="big", user_id="ada")
+    for k in range(200):
+        engine.add(big, Tier.MEMORY, f"big fact number {k} about the deploy", "", 1.0)
+    # Searching both tiers caches the big tier (over the budget) and then the
+    # small user tier: the big one must stay, or every search reloads it.
+    engine.search(big, "deploy", list(Tier), limit=5)
+
+    def selects() -> float:
+        return (
+            metrics.registry.get_sample_value("memory_db_queries_total", {"operation": "select"})
+            or 0.0
+        )
+
+    before = selects()
+    for _ in range(5):
+        engine.search(big, "deploy", list(Tier), limit=5)
+    assert selects() == before
+    # Small tiers of other agents are cached within the budget beside it.
+    smalls = [Scope(agent_id=f"small-{n}") for n in range(3)]
+    for scope in smalls:
+        engine.add(scope, Tier.MEMORY, "a small note", "", 1.0)
+        engine.search(scope, "note", [Tier.MEMORY], limit=5)
+    before = selects()
+    for scope in [*smalls, big]:
+        engine.search(scope, "note", [Tier.MEMORY], limit=5)
+    assert selects() == before
+
+
+def test_a_session_holding_an_older_view_still_hears_of_remote_writes(
+    make_engine: MakeEngine,
+) -> None:
+    engine, clock, _ = make_engine("defaults: {session_idle_ttl_seconds: 10}")
+    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.inject(SCOPE, "a")
+    # Another session of the scope compacts: its rebuilt view replaces the
+    # shared one, and ends; session "a" keeps the older view.
+    engine.inject(SCOPE, "b")
+    engine.notify_compaction(SCOPE, "b")
+    engine.inject(SCOPE, "b")
+    engine.end_session(SCOPE, "b")
+    clock.now = 9
+    assert engine.inject(SCOPE, "a").cache_hit
+    clock.now = 15  # the partitions' last load is past the TTL; "a" is not
+    engine.evict_idle()
+    # Another process writes the tier (what the change feed reports).
+    engine.partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, 10**9)
+    assert not engine.inject(SCOPE, "a").cache_hit
+
+
+def test_a_tier_held_in_full_that_reaches_the_compact_size_is_let_go(
+    make_engine: MakeEngine,
+) -> None:
+    # Writes keep a cached tier current (near-duplicate checks load it), but
+    # one that reaches compact_tier_entries is held compactly from its next
+    # use, as a process that never held it would hold it.
+    engine, _, _ = make_engine(
+        "defaults: {memory_char_limit: 0}\nserver: {compact_tier_entries: 4}"
+    )
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    for k in range(3):
+        engine.add(SCOPE, Tier.MEMORY, f"fact number {k} about the {k}th deploy", "", 1.0)
+    assert isinstance(engine.partitions.cached(key), Partition)
+    engine.add(SCOPE, Tier.MEMORY, "the last fact, about the release train", "", 1.0)
+    assert engine.partitions.cached(key) is None
+    engine.add(SCOPE, Tier.MEMORY, "one more, about the staging cluster", "", 1.0)
+    assert engine.partitions.cached(key) is None  # not loaded for a write
+    hits = engine.search(SCOPE, "release train", [Tier.MEMORY], limit=5)
+    assert [m.content for m, _ in hits][:1] == ["the last fact, about the release train"]
+    assert isinstance(engine.partitions.cached(key), CompactPartition)
