@@ -503,6 +503,29 @@ def load(
     ignored). Raises ConfigError naming the key on any invalid value.
     """
     environ = environ or {}
+    document = _document(path)
+    server = _validated(
+        "server.", _SERVER_KEYS, _mapping("server", document.get("server")), from_text=False
+    )
+    defaults = _validated(
+        "defaults.",
+        _AGENT_KEYS,
+        _mapping("defaults", document.get("defaults")),
+        from_text=False,
+    )
+    _apply_environment(server, defaults, environ)
+    _apply_flags(server, flags or {})
+    default_settings = _finish("defaults.", AgentSettings(**defaults), environ)
+    agents = _agents(document, default_settings, environ)
+    return Config(
+        server=_server_settings(server, environ),
+        defaults=default_settings,
+        agents=MappingProxyType(agents),
+    )
+
+
+def _document(path: str | Path | None) -> Mapping[str, Any]:
+    """The configuration file's top-level mapping ({} without a file)."""
     document: Mapping[str, Any] = {}
     if path:
         try:
@@ -516,43 +539,45 @@ def load(
     for key in document:
         if key not in ("server", "defaults", "agents"):
             raise ConfigError(str(key), "unknown top-level key (known: server, defaults, agents)")
+    return document
 
-    server = _validated(
-        "server.", _SERVER_KEYS, _mapping("server", document.get("server")), from_text=False
-    )
-    defaults = _validated(
-        "defaults.",
-        _AGENT_KEYS,
-        _mapping("defaults", document.get("defaults")),
-        from_text=False,
-    )
+
+def _apply_environment(
+    server: dict[str, Any], defaults: dict[str, Any], environ: Mapping[str, str]
+) -> None:
+    """MEMORY_SIDECAR_<KEY> over the file's server and defaults values, in place."""
     for section, kinds in ((server, _SERVER_KEYS), (defaults, _AGENT_KEYS)):
         for key, kind in kinds.items():
             env_key = f"{ENV_PREFIX}{key.upper()}"
             if env_key in environ:
                 section[key] = _check_one(env_key, key, kind, environ[env_key], from_text=True)
-    for key, value in (flags or {}).items():
+
+
+def _apply_flags(server: dict[str, Any], flags: Mapping[str, Any]) -> None:
+    """The command line's server keys over the file and the environment, in place."""
+    for key, value in flags.items():
         if value is not None:
             flag = f"--{key.replace('_', '-')}"
             if key not in _SERVER_KEYS:
                 raise ConfigError(flag, "unknown flag")
             server[key] = _check_one(flag, key, _SERVER_KEYS[key], value, from_text=True)
 
-    default_settings = _finish("defaults.", AgentSettings(**defaults), environ)
+
+def _agents(
+    document: Mapping[str, Any], defaults: AgentSettings, environ: Mapping[str, str]
+) -> dict[str, AgentSettings]:
+    """Each agent's settings: its entry in the file over the defaults."""
     agents: dict[str, AgentSettings] = {}
     for agent_id, overrides in _mapping("agents", document.get("agents")).items():
         prefix = f"agents.{agent_id}."
         values = _validated(prefix, _AGENT_KEYS, _mapping(prefix[:-1], overrides), from_text=False)
-        agents[str(agent_id)] = _finish(
-            prefix, dataclasses.replace(default_settings, **values), environ
-        )
-    return Config(
-        server=_check_semantic(
-            _check_tracing(
-                _finish_server(_with_password(ServerSettings(**server), environ)), environ
-            ),
-            environ,
-        ),
-        defaults=default_settings,
-        agents=MappingProxyType(agents),
-    )
+        agents[str(agent_id)] = _finish(prefix, dataclasses.replace(defaults, **values), environ)
+    return agents
+
+
+def _server_settings(server: Mapping[str, Any], environ: Mapping[str, str]) -> ServerSettings:
+    """The server section, its password read, and its cross-key checks passed."""
+    settings = _with_password(ServerSettings(**server), environ)
+    settings = _finish_server(settings)
+    settings = _check_tracing(settings, environ)
+    return _check_semantic(settings, environ)

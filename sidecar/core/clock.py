@@ -4,9 +4,9 @@ The store keeps timestamps as integer microseconds since the Unix epoch (UTC):
 exact, sortable, and the same on every backend.
 
 Owns: the Clock type, the wall clock, and the conversions between datetimes,
-microseconds and the timestamp texts older stores and cagent wrote. Must not
-touch: any other sidecar module, the database, configuration; pure functions,
-system_clock aside.
+microseconds and the timestamp texts older stores and cagent wrote.
+Must not touch: any other sidecar module, the database, configuration; pure
+functions, system_clock aside.
 """
 
 from __future__ import annotations

@@ -76,6 +76,15 @@ class _FeedCollector(Collector):
         )
 
 
+def _define_process(r: CollectorRegistry) -> None:
+    """The process's and the interpreter's own metrics, and the build's version."""
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    Info("memory_sidecar_build", "The running memory-sidecar's version.", registry=r).info(
+        {"version": __version__}
+    )
+
+
 class Metrics:
     """Every metric the sidecar exports, on one registry.
 
@@ -85,11 +94,17 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        Info("memory_sidecar_build", "The running memory-sidecar's version.", registry=r).info(
-            {"version": __version__}
-        )
+        # Defined in this order, which is the order a scrape lists them in.
+        _define_process(r)
+        self._define_sessions(r)
+        self._define_retrieval(r)
+        self._define_database(r)
+        self._define_grpc(r)
+        self._define_content(r)
+        self._define_freshness(r)
+
+    def _define_sessions(self, r: CollectorRegistry) -> None:
+        """Snapshots, sessions, watches, replicas and the partition cache."""
         self.snapshot_lookups = Counter(
             "memory_snapshot_lookups",
             "InjectForTurn snapshot lookups by outcome.",
@@ -119,6 +134,22 @@ class Metrics:
             "Estimated bytes of the tiers kept indexed in memory (server.partition_cache_bytes).",
             registry=r,
         )
+        # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
+        for result in ("hit", "miss"):
+            self.snapshot_lookups.labels(result)
+        for reason in (
+            "write",
+            "remote_write",
+            "compaction",
+            "session_end",
+            "evicted",
+            "expiry",
+            "erasure",
+        ):
+            self.snapshot_invalidations.labels(reason)
+
+    def _define_retrieval(self, r: CollectorRegistry) -> None:
+        """The keyword strategy's and the encoder's fallbacks, and encoding time."""
         self.keyword_fallbacks = Counter(
             "memory_keyword_fallbacks",
             "Turns where the llm keyword strategy failed and local keywords were used.",
@@ -141,6 +172,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _define_database(self, r: CollectorRegistry) -> None:
+        """The store's SQL statements (db_query observes them)."""
         self.db_queries = Counter(
             "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
         )
@@ -150,6 +184,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS[:-2],
             registry=r,
         )
+
+    def _define_grpc(self, r: CollectorRegistry) -> None:
+        """RPCs, under the names and labels of go-grpc-prometheus."""
         grpc_labels = ["grpc_type", "grpc_service", "grpc_method"]
         self.grpc_started = Counter(
             "grpc_server_started", "RPCs started on the server.", grpc_labels, registry=r
@@ -167,6 +204,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _define_content(self, r: CollectorRegistry) -> None:
+        """What was injected, refused, flagged, and the MCP tools' calls."""
         self.injected_tokens = Counter(
             "memory_injected_tokens",
             "Tokens handed to the runtime by InjectForTurn, by block.",
@@ -198,19 +238,9 @@ class Metrics:
             self.injected_tokens.labels(block)
         for tier in ("memory", "user"):
             self.budget_rejections.labels(tier)
-        # Both outcomes exist from start-up, so hit / (hit + miss) is defined.
-        for result in ("hit", "miss"):
-            self.snapshot_lookups.labels(result)
-        for reason in (
-            "write",
-            "remote_write",
-            "compaction",
-            "session_end",
-            "evicted",
-            "expiry",
-            "erasure",
-        ):
-            self.snapshot_invalidations.labels(reason)
+
+    def _define_freshness(self, r: CollectorRegistry) -> None:
+        """Whether caches and tokens are current: the change feed, the auth files."""
         self.feed_verified = Gauge(
             "memory_change_feed_verified",
             "1 while the feed of other processes' writes is known to be live; "

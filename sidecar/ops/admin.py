@@ -6,12 +6,13 @@ Offline (on --db, safe while the daemon runs): backup, export, import, check,
 audit.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
-(channel, token, TLS, errors), offline ones on a Store (verified backup,
-export and import in sidecar.storage.archive's JSON-lines format, check). Must not
-touch: the engine, SQL (all through Store), os.environ. index_large_tiers
-takes sidecar.domain.index's log-then-save steps itself (sidecar.retrieval.index_format),
-synchronously and reporting a refused write, where the daemon saves in the
-background.
+(channel, token, TLS, errors; the health check), offline ones on a Store
+(verified backup, export and import in sidecar.storage.archive's JSON-lines
+format, check, the erasure audit log).
+Must not touch: the engine, SQL (all through Store), os.environ.
+index_large_tiers takes sidecar.domain.index's log-then-save steps itself
+(sidecar.retrieval.index_format), synchronously and reporting a refused write,
+where the daemon saves in the background.
 """
 
 from __future__ import annotations

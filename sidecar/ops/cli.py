@@ -5,11 +5,12 @@ and offline operator commands (sidecar.ops.admin), import-cagent (sidecar.ops.ca
 health, mcp (sidecar.ops.mcp_stdio, imported only for it: the mcp extra). Server
 flags become configuration keys through sidecar.config.settings.load.
 
-Owns: subcommands, flags, exit codes and how a failure is reported. Must not
-touch: validating values (sidecar.config.settings), RPCs or output formats
-(sidecar.ops.admin). It is the one module that reads os.environ, handed whole to
-sidecar.config.settings, but it reads MEMORY_SIDECAR_CONFIG itself, and import-cagent's
-store steps are written here rather than in sidecar.ops.admin.
+Owns: subcommands, flags, exit codes and how a failure is reported.
+Must not touch: validating values (sidecar.config.settings), RPCs or output
+formats (sidecar.ops.admin). It is the one module that reads os.environ,
+handed whole to sidecar.config.settings, but it reads MEMORY_SIDECAR_CONFIG
+itself, and import-cagent's store steps are written here rather than in
+sidecar.ops.admin.
 
 A command imports only what it runs (inside the functions below): `--help`
 loads no other sidecar module, an operator command neither the gRPC server
@@ -41,7 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
+    # The order subcommands are added in is the order --help lists them.
+    _add_serve(commands, common)
+    _add_import_cagent(commands, common)
+    _add_health(commands)
+    _add_online(commands)
+    _add_offline(commands, common)
+    return parser
 
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options of every command that opens the database (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--config",
@@ -58,8 +70,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="file holding the PostgreSQL password (or set $MEMORY_SIDECAR_DB_PASSWORD)",
     )
+    return common
 
+
+def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", parents=[common], help="run the daemon")
+    _add_listeners(serve)
+    serve.add_argument(
+        "--grace-seconds",
+        metavar="S",
+        help="how long in-flight calls may take to finish on SIGTERM",
+    )
+    serve.add_argument(
+        "--durability",
+        choices=("normal", "full"),
+        help="SQLite synchronous setting: normal survives a process crash, "
+        "full also survives power loss",
+    )
+    serve.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
+    )
+    _add_access(serve)
+
+
+def _add_listeners(serve: argparse.ArgumentParser) -> None:
+    """serve's addresses: the API's, and the optional health, metrics and MCP ones."""
     serve.add_argument(
         "--listen",
         metavar="ADDR",
@@ -78,20 +113,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="HOST:PORT serving MCP (streamable HTTP) at /mcp; needs the mcp extra",
     )
-    serve.add_argument(
-        "--grace-seconds",
-        metavar="S",
-        help="how long in-flight calls may take to finish on SIGTERM",
-    )
-    serve.add_argument(
-        "--durability",
-        choices=("normal", "full"),
-        help="SQLite synchronous setting: normal survives a process crash, "
-        "full also survives power loss",
-    )
-    serve.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), help="log verbosity"
-    )
+
+
+def _add_access(serve: argparse.ArgumentParser) -> None:
+    """serve's tokens and TLS: who may call the API."""
     serve.add_argument(
         "--auth-token-file", metavar="FILE", help="require this bearer token on every API call"
     )
@@ -114,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
         help="require client certificates signed by this CA (mutual TLS)",
     )
 
+
+def _add_import_cagent(commands: Any, common: argparse.ArgumentParser) -> None:
     imp = commands.add_parser(
         "import-cagent",
         parents=[common],
@@ -122,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("path", metavar="PATH", help="the cagent memory.db")
     imp.add_argument("--agent-id", required=True, help="the agent whose notes receive them")
 
+
+def _add_health(commands: Any) -> None:
     health = commands.add_parser(
         "health", help="check a daemon's grpc.health.v1 status (exit 0 when SERVING)"
     )
@@ -134,10 +163,6 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=3.0, metavar="S", help="seconds to wait (default 3)"
     )
 
-    _add_online(commands)
-    _add_offline(commands, common)
-    return parser
-
 
 def _confidence(text: str) -> float:
     try:
@@ -146,9 +171,28 @@ def _confidence(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+_TIERS = ("memory", "user", "both")
+
+
 def _add_online(commands: Any) -> None:
     online = argparse.ArgumentParser(add_help=False)
     group = online.add_argument_group("daemon")
+    _add_daemon_options(group)
+    _add_mcp(commands, online)
+    # Added after `mcp` took its copy of the options: it prints no tables.
+    group.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _add_add(commands, online)
+    _add_list(commands, online)
+    _add_search(commands, online)
+    _add_update(commands, online)
+    rm = commands.add_parser("rm", parents=[online], help="delete a memory")
+    rm.add_argument("id", help="the memory's id (from list or search)")
+    commands.add_parser("usage", parents=[online], help="each tier's budget use")
+    _add_inject(commands, online)
+
+
+def _add_daemon_options(group: Any) -> None:
+    """How an online command reaches the daemon, and in which scope."""
     group.add_argument("--config", metavar="FILE", help="YAML configuration (for the address)")
     group.add_argument(
         "--address",
@@ -174,8 +218,9 @@ def _add_online(commands: Any) -> None:
         metavar="FILE",
         help="connect over TLS trusting this CA (default: the configured tls_cert_file)",
     )
-    tiers = ("memory", "user", "both")
 
+
+def _add_mcp(commands: Any, online: argparse.ArgumentParser) -> None:
     bridge = commands.add_parser(
         "mcp",
         parents=[online],
@@ -187,42 +232,45 @@ def _add_online(commands: Any) -> None:
         metavar="ID",
         help="the runtime session (default: one of its own, ended on exit)",
     )
-    # Added after `mcp` took its copy of the options: it prints no tables.
-    group.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
+
+def _add_add(commands: Any, online: argparse.ArgumentParser) -> None:
     add = commands.add_parser("add", parents=[online], help="add a memory")
     add.add_argument("content", help="what to remember")
     add.add_argument(
         "--tier",
-        choices=tiers[:2],
+        choices=_TIERS[:2],
         default="memory",
         help="memory: agent notes (the agent's); user: user profile (the user's)",
     )
     add.add_argument("--category", default="", help="a label to filter by")
     add.add_argument("--confidence", type=_confidence, help="0 to 1 (default 1)")
 
+
+def _add_list(commands: Any, online: argparse.ArgumentParser) -> None:
     lst = commands.add_parser("list", parents=[online], help="list memories and usage")
-    lst.add_argument("--tier", choices=tiers, default="both", help="which tier (default both)")
+    lst.add_argument("--tier", choices=_TIERS, default="both", help="which tier (default both)")
     lst.add_argument("--category", default="", help="only entries with this category")
 
+
+def _add_search(commands: Any, online: argparse.ArgumentParser) -> None:
     search = commands.add_parser("search", parents=[online], help="ranked search")
     search.add_argument("query", help="free text")
-    search.add_argument("--tier", choices=tiers, default="both", help="which tier (default both)")
+    search.add_argument("--tier", choices=_TIERS, default="both", help="which tier (default both)")
     search.add_argument("--category", default="", help="only entries with this category")
     search.add_argument("--limit", type=int, default=20, help="most hits (default 20)")
     search.add_argument("--all", action="store_true", help="every keyword must match")
 
+
+def _add_update(commands: Any, online: argparse.ArgumentParser) -> None:
     update = commands.add_parser("update", parents=[online], help="change a memory")
     update.add_argument("id", help="the memory's id (from list or search)")
     update.add_argument("--content", help="new content")
     update.add_argument("--category", help="new category")
     update.add_argument("--confidence", type=_confidence, help="new confidence, 0 to 1")
 
-    rm = commands.add_parser("rm", parents=[online], help="delete a memory")
-    rm.add_argument("id", help="the memory's id (from list or search)")
 
-    commands.add_parser("usage", parents=[online], help="each tier's budget use")
-
+def _add_inject(commands: Any, online: argparse.ArgumentParser) -> None:
     inject = commands.add_parser(
         "inject", parents=[online], help="show exactly what a turn would inject"
     )

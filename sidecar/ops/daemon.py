@@ -9,10 +9,11 @@ SIGINT or `stop`, and stops the server before closing the store.
 sidecar.ops.cli also uses setup_logging, and open_store for the offline
 commands.
 
-Owns: the process's life: logging set-up, signal handling, and the order
-open, migrate (listening meanwhile if that waits), serve, stop, close. Must
-not touch: parsing or validating settings (it is handed a Config), request
-handling, SQL, os.environ.
+Owns: the process's life: logging set-up, signal handling, the Store built
+from the settings (its directory, its pool's size), and the order open,
+migrate (listening meanwhile if that waits), serve, stop, close.
+Must not touch: parsing or validating settings (it is handed a Config),
+request handling, SQL, os.environ.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sidecar.ops.startup import wait_for_database
 from sidecar.storage.store import Store, is_dsn
 
 if TYPE_CHECKING:
+    from sidecar.api.server import Addresses, Sidecar
     from sidecar.core.metrics import Metrics
 
 log = logging.getLogger("sidecar")
@@ -144,11 +146,44 @@ def _serve(config: Config, stop: threading.Event) -> int:
     # a port already in use is then refused before any database is created
     # or migrated.
     sidecar = Sidecar(config, store, metrics=metrics)
+    found = _listen(sidecar)
     try:
-        found = sidecar.listen()
+        version = _open_when_ready(config, store, sidecar, found, stop)
+        if version is None:
+            # An attempt may still be under way on its thread: the store is
+            # left to the process's exit rather than closed under it (the
+            # stopped feed refuses to start after this).
+            sidecar.stop(0)
+            log.info("stopped before the database was ready")
+            return 0
+        addresses = sidecar.ready()
+    except BaseException:
+        sidecar.stop(0)
+        store.close()
+        raise
+    _log_serving(addresses, store, version)
+    stop.wait()
+    _shut_down(config, sidecar, store)
+    return 0
+
+
+def _listen(sidecar: Sidecar) -> Addresses:
+    """Bind the listeners (NOT_SERVING until ready), or stop them and raise."""
+    try:
+        return sidecar.listen()
     except BaseException:
         sidecar.stop(0)
         raise
+
+
+def _open_when_ready(
+    config: Config, store: Store, sidecar: Sidecar, found: Addresses, stop: threading.Event
+) -> int | None:
+    """Open the store and connect, retrying while the database is out of reach.
+
+    Returns the schema version, or None when `stop` came first. While it
+    waits, the listeners refuse calls with why (said in the log once).
+    """
     said: list[bool] = []
     versions: list[int] = []
 
@@ -172,26 +207,17 @@ def _serve(config: Config, stop: threading.Event) -> int:
             )
         sidecar.gate.wait(why)
 
-    try:
-        opened = wait_for_database(
-            attempt,
-            backend=store.backend,
-            timeout=config.server.startup_timeout_seconds,
-            stop=stop,
-            waiting=waiting,
-        )
-        if not opened:
-            # An attempt may still be under way on its thread: the store is
-            # left to the process's exit rather than closed under it (the
-            # stopped feed refuses to start after this).
-            sidecar.stop(0)
-            log.info("stopped before the database was ready")
-            return 0
-        addresses = sidecar.ready()
-    except BaseException:
-        sidecar.stop(0)
-        store.close()
-        raise
+    opened = wait_for_database(
+        attempt,
+        backend=store.backend,
+        timeout=config.server.startup_timeout_seconds,
+        stop=stop,
+        waiting=waiting,
+    )
+    return versions[-1] if opened else None
+
+
+def _log_serving(addresses: Addresses, store: Store, version: int) -> None:
     log.info(
         "serving api=%s health=%s metrics=%s mcp=%s db=%s schema=%d",
         addresses.api,
@@ -199,11 +225,13 @@ def _serve(config: Config, stop: threading.Event) -> int:
         addresses.metrics or "-",
         addresses.mcp or "-",
         store.path,
-        versions[-1],
+        version,
     )
-    stop.wait()
+
+
+def _shut_down(config: Config, sidecar: Sidecar, store: Store) -> None:
+    """Drain the listeners for up to grace_seconds, then close the store."""
     log.info("shutting down: draining for up to %gs", config.server.grace_seconds)
     sidecar.stop()
     store.close()
     log.info("stopped")
-    return 0
