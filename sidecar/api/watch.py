@@ -6,8 +6,8 @@ what is sent and when a stream ends; its SidecarErrors (WATCHES_EXHAUSTED,
 WATCH_TOO_SLOW, WATCH_GENERATION_PRUNED, SERVER_STOPPING) become statuses
 in sidecar.api.interceptors, as every handler's do.
 
-Owns: the protobuf form of a MemoryEvent, the cancellation callback. Must
-not touch: the event log, the watch registry's rules, statuses.
+Owns: the protobuf form of a MemoryEvent, the cancellation callback.
+Must not touch: the event log, the watch registry's rules, statuses.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ transaction per partition (its state row locked, an `expire` event per
 entry, the generation advanced so other replicas hear of it through the
 change feed), then updates this process's caches as a delete does.
 
-Owns: resolving and checking requested expiries, the sweep's steps. Must
-not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
+Owns: resolving and checking requested expiries, the sweep's steps.
+Must not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
 (sidecar.storage.expiry).
 """
 

@@ -7,8 +7,8 @@ audit.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
 (channel, token, TLS, errors), offline ones on a Store (verified backup,
-export and import in sidecar.storage.archive's JSON-lines format, check). Must not
-touch: the engine, SQL (all through Store), os.environ. index_large_tiers
+export and import in sidecar.storage.archive's JSON-lines format, check).
+Must not touch: the engine, SQL (all through Store), os.environ. index_large_tiers
 takes sidecar.domain.index's log-then-save steps itself (sidecar.retrieval.index_format),
 synchronously and reporting a refused write, where the daemon saves in the
 background.
