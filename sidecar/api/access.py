@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from sidecar.api.reloading import Reloading, Unreadable, read_regular
-from sidecar.core.errors import ConfigError, PermissionDenied
+from sidecar.core.errors import ConfigError, PermissionDenied, Reason
 from sidecar.core.memory import Scope
 
 log = logging.getLogger("sidecar.access")
@@ -150,7 +150,7 @@ def authorize_erasure(what: str) -> str:
         raise PermissionDenied(
             f"{what} erases data: only a token whose entry in the tokens file says "
             "`erase: true` may call it",
-            reason="ERASE_NOT_GRANTED",
+            reason=Reason.ERASE_NOT_GRANTED,
             metadata={"token": grant.name},
         )
     return grant.name

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api import access
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.engine import MemoryEngine
@@ -33,7 +33,7 @@ def forget_user(
         raise InvalidArgument(
             "user_id is empty; name the user to forget. The profile shared by callers "
             "without a user_id is erased with DeleteScope (scope.user_id empty, tier TIER_USER)",
-            reason="USER_ID_EMPTY",
+            reason=Reason.USER_ID_EMPTY,
             metadata={"field": "user_id"},
         )
     access.authorize_user(user_id)

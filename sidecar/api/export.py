@@ -31,7 +31,7 @@ from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api import access, paging
-from sidecar.core.errors import Aborted, InvalidArgument
+from sidecar.core.errors import Aborted, InvalidArgument, PageTokenMismatch, Reason
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.engine import MemoryEngine
@@ -58,14 +58,13 @@ def _cursor(pages: paging.PageTokens, token: str, bound_to: str) -> int:
     try:
         return pages.decode(token, _KIND, bound_to)
     except InvalidArgument as exc:
-        mismatch = exc.reason == "PAGE_TOKEN_MISMATCH"
         raise InvalidArgument(
             "cursor belongs to an export of other fields; resume with the scope, tier and "
             "for_user of the request that returned it"
-            if mismatch
+            if isinstance(exc, PageTokenMismatch)
             else "cursor is not one this server issued; pass the cursor of the last "
             "response received, unchanged",
-            reason="CURSOR_INVALID",
+            reason=Reason.CURSOR_INVALID,
         ) from None
 
 
@@ -77,7 +76,7 @@ def _check_erasure(erased: Partition | None) -> None:
         raise Aborted(
             f"the {tier.value} tier of {owner!r} was erased (ForgetUser or DeleteScope) while "
             "this export ran; drop what was received of it, and export again for what is left",
-            reason="SCOPE_ERASED",
+            reason=Reason.SCOPE_ERASED,
             metadata={"owner": owner, "tier": tier.value},
         )
 
@@ -113,13 +112,13 @@ class ExportStream:
                 raise InvalidArgument(
                     "for_user exports the user's profile whatever the agent: leave "
                     "scope.agent_id empty",
-                    reason="FOR_USER_WITH_AGENT",
+                    reason=Reason.FOR_USER_WITH_AGENT,
                     metadata={"field": "scope.agent_id"},
                 )
             if Tier.USER not in tiers:
                 raise InvalidArgument(
                     "for_user exports the user tier: leave tier unspecified or TIER_USER",
-                    reason="FOR_USER_TIER",
+                    reason=Reason.FOR_USER_TIER,
                     metadata={"field": "tier"},
                 )
             access.authorize_user(scope.user_id)
@@ -136,7 +135,7 @@ class ExportStream:
         if request.batch_size < 0:
             raise InvalidArgument(
                 f"batch_size must not be negative, got {request.batch_size}",
-                reason="BATCH_SIZE_OUT_OF_RANGE",
+                reason=Reason.BATCH_SIZE_OUT_OF_RANGE,
                 metadata={"batch_size": request.batch_size},
             )
         batch = min(request.batch_size or DEFAULT_BATCH, MAX_BATCH)

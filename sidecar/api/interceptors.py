@@ -9,8 +9,8 @@ leaking the exception's text to the client.
 
 Owns: SidecarError to status (INTERNAL for anything else), the per-call metrics,
 bearer-token authentication (TokenFile, AuthInterceptor), the start-up gate
-(StartupGate) and `_KINDS`. Must not
-touch: the engine, the store, request fields (sidecar.api.service checks each scope
+(StartupGate) and `_KINDS`.
+Must not touch: the engine, the store, request fields (sidecar.api.service checks each scope
 against the grant set here). sidecar.api.tracing imports the private `_KINDS`.
 """
 
@@ -31,7 +31,15 @@ from grpc_status import rpc_status
 
 from sidecar.api.access import SINGLE, TOKEN_FILE_BYTES, Grant, TokensFile, bearer_token, granted
 from sidecar.api.reloading import Reloading, Unreadable, read_regular
-from sidecar.core.errors import DOMAIN, InvalidArgument, SidecarError, Unauthenticated, Unavailable
+from sidecar.core.errors import (
+    DOMAIN,
+    DatabaseUnavailable,
+    InvalidArgument,
+    Reason,
+    SidecarError,
+    Unauthenticated,
+    Unavailable,
+)
 from sidecar.core.metrics import Metrics
 
 log = logging.getLogger("sidecar.interceptors")
@@ -75,7 +83,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             except DecodeError:
                 raise InvalidArgument(
                     f"the request is not a valid {method.rpartition('/')[2]} message",
-                    reason="MALFORMED_REQUEST",
+                    reason=Reason.MALFORMED_REQUEST,
                 ) from None
 
         def failed(exc: Exception, context: grpc.ServicerContext) -> None:
@@ -298,7 +306,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if not presented:
             raise Unauthenticated(
                 f"a bearer token is required: send `{header}: Bearer <token>`",
-                reason="TOKEN_MISSING",
+                reason=Reason.TOKEN_MISSING,
             )
         grant = self.grant(presented)
         if grant is None:
@@ -417,9 +425,8 @@ class StartupGate(grpc.ServerInterceptor):
         waiting = self._waiting
         if waiting is None:
             return None
-        return Unavailable(
-            f"the sidecar is starting and waits for its database ({waiting}); retry",
-            reason="DATABASE_UNAVAILABLE",
+        return DatabaseUnavailable(
+            f"the sidecar is starting and waits for its database ({waiting}); retry"
         )
 
     def intercept_service(

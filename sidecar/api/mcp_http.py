@@ -63,7 +63,7 @@ from starlette.types import Scope as AsgiScope
 from sidecar.api import mcp_server
 from sidecar.api.access import ANY, Grant, authorize, bearer_token, granted
 from sidecar.config.settings import Config, is_loopback
-from sidecar.core.errors import InvalidArgument, PermissionDenied, SidecarError
+from sidecar.core.errors import InvalidArgument, PermissionDenied, Reason, SidecarError
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Scope
 from sidecar.core.metrics import Metrics
@@ -157,7 +157,9 @@ def _header(headers: Mapping[str, str], name: str, limit: int) -> str:
         value = raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
         raise InvalidArgument(
-            f"the {name} header is not UTF-8", reason="HEADER_INVALID", metadata={"header": name}
+            f"the {name} header is not UTF-8",
+            reason=Reason.HEADER_INVALID,
+            metadata={"header": name},
         ) from None
     return checked(name, value, limit)
 

@@ -29,7 +29,7 @@ import hmac
 import json
 from typing import Any
 
-from sidecar.core.errors import InvalidArgument, ResourceExhausted
+from sidecar.core.errors import InvalidArgument, PageTokenMismatch, Reason, ResourceExhausted
 
 # 1: unsigned (before schema 8); 2: [2, kind, digest, position, signature].
 _VERSION = 2
@@ -47,7 +47,7 @@ def digest(*fields: object) -> str:
 
 
 def _invalid(message: str) -> InvalidArgument:
-    return InvalidArgument(message, reason="PAGE_TOKEN_INVALID")
+    return InvalidArgument(message, reason=Reason.PAGE_TOKEN_INVALID)
 
 
 class PageTokens:
@@ -109,10 +109,9 @@ class PageTokens:
             )
         _version, token_kind, token_digest, position, _signature = fields
         if (token_kind, token_digest) != (kind, bound_to):
-            raise InvalidArgument(
+            raise PageTokenMismatch(
                 "page_token belongs to a different request; "
-                "repeat every other field of the request that returned it",
-                reason="PAGE_TOKEN_MISMATCH",
+                "repeat every other field of the request that returned it"
             )
         return int(position)
 
@@ -134,7 +133,7 @@ def page_size(value: int, *, default: int, maximum: int) -> int:
     if value < 0:
         raise InvalidArgument(
             f"page_size must not be negative, got {value}",
-            reason="PAGE_SIZE_OUT_OF_RANGE",
+            reason=Reason.PAGE_SIZE_OUT_OF_RANGE,
             metadata={"page_size": value},
         )
     return min(value or default, maximum)
@@ -181,6 +180,6 @@ def refuse_if_too_large(response: Any, max_bytes: int, what: str, hint: str) -> 
         raise ResourceExhausted(
             f"the {what} would be {size:,} bytes, over the {max_bytes:,}-byte response "
             f"limit (server.max_response_bytes); {hint}",
-            reason="RESPONSE_TOO_LARGE",
+            reason=Reason.RESPONSE_TOO_LARGE,
             metadata={"size": size, "max": max_bytes},
         )

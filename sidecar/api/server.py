@@ -45,7 +45,7 @@ from sidecar.api.paging import PageTokens
 from sidecar.api.reloading import Watcher
 from sidecar.api.service import SERVICE_NAME, MemoryService
 from sidecar.config.settings import Config, ServerSettings
-from sidecar.core.errors import ConfigError, SidecarError
+from sidecar.core.errors import ConfigError, Reason, SidecarError
 from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import MemoryEngine
 from sidecar.retrieval.embedding import Encoder, EndpointEncoder, LocalEncoder
@@ -108,7 +108,7 @@ def encoder_for(server: ServerSettings) -> Encoder | None:
 class BindError(SidecarError):
     """A listener could not bind its address."""
 
-    default_reason = "BIND_FAILED"
+    default_reason = Reason.BIND_FAILED
 
 
 def _free(address: str, what: str) -> None:

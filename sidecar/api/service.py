@@ -30,7 +30,7 @@ from sidecar.api.export import ExportStream
 from sidecar.config.settings import AgentSettings
 from sidecar.core import tokens
 from sidecar.core.caches import LRU
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.limits import Limits, checked, counted
 from sidecar.core.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
 from sidecar.domain.engine import MemoryEngine
@@ -54,7 +54,7 @@ def _tier_number(value: int) -> int:
     if value != pb.TIER_UNSPECIFIED and value not in _PB_TO_TIER:
         raise InvalidArgument(
             f"unknown tier {value}; use TIER_MEMORY (1) or TIER_USER (2)",
-            reason="TIER_UNKNOWN",
+            reason=Reason.TIER_UNKNOWN,
             metadata={"tier": value},
         )
     return value
@@ -100,7 +100,7 @@ def requested_expiry(request: pb.AddMemoryRequest | pb.UpdateMemoryRequest) -> R
         except (ValueError, OverflowError):
             raise InvalidArgument(
                 "expires_at is not a valid timestamp",
-                reason="EXPIRES_AT_INVALID",
+                reason=Reason.EXPIRES_AT_INVALID,
                 metadata={"field": "expires_at"},
             ) from None
     clear = isinstance(request, pb.UpdateMemoryRequest) and request.clear_expiry
@@ -139,7 +139,7 @@ def _bounded(name: str, value: int, maximum: int) -> int:
     if not 0 <= value <= maximum:
         raise InvalidArgument(
             f"{name} must be between 0 and {maximum:,}, got {value}",
-            reason=f"{name.upper()}_OUT_OF_RANGE",
+            reason=Reason(f"{name.upper()}_OUT_OF_RANGE"),
             metadata={name: value, "max": maximum},
         )
     return value
@@ -187,7 +187,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
 
     def _id(self, field: str, value: str, what: str) -> str:
         if not value:
-            reason = "SESSION_ID_EMPTY" if field == "session_id" else "ID_EMPTY"
+            reason = Reason.SESSION_ID_EMPTY if field == "session_id" else Reason.ID_EMPTY
             raise InvalidArgument(f"{field} is empty; name the {what}", reason=reason)
         return checked(field, value, self._limits.id_chars)
 
@@ -203,20 +203,20 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
                 raise InvalidArgument(
                     f"id and match are both empty; name the {what} by its id, or by text "
                     "that occurs in its content (match)",
-                    reason="ID_EMPTY",
+                    reason=Reason.ID_EMPTY,
                 )
             return self._id("id", request.id, what), "", tier
         if request.id:
             raise InvalidArgument(
                 f"both id and match are set; name the {what} by one of them",
-                reason="ID_AND_MATCH",
+                reason=Reason.ID_AND_MATCH,
                 metadata={"field": "match"},
             )
         match = checked("match", request.match, self._limits.content_chars, multiline=True)
         if not match.strip():
             raise InvalidArgument(
                 "match holds only whitespace; quote text that occurs in the entry's content",
-                reason="MATCH_EMPTY",
+                reason=Reason.MATCH_EMPTY,
                 metadata={"field": "match"},
             )
         return "", match, tier
@@ -363,7 +363,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         if request.strategy not in _STRATEGIES:
             raise InvalidArgument(
                 f"unknown keyword strategy {request.strategy}; use LOCAL (1) or LLM (2)",
-                reason="STRATEGY_UNKNOWN",
+                reason=Reason.STRATEGY_UNKNOWN,
                 metadata={"strategy": request.strategy},
             )
         message = checked(

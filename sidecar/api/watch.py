@@ -6,8 +6,8 @@ what is sent and when a stream ends; its SidecarErrors (WATCHES_EXHAUSTED,
 WATCH_TOO_SLOW, WATCH_GENERATION_PRUNED, SERVER_STOPPING) become statuses
 in sidecar.api.interceptors, as every handler's do.
 
-Owns: the protobuf form of a MemoryEvent, the cancellation callback. Must
-not touch: the event log, the watch registry's rules, statuses.
+Owns: the protobuf form of a MemoryEvent, the cancellation callback.
+Must not touch: the event log, the watch registry's rules, statuses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.watch import Sync, Watches
 from sidecar.storage.events import Event
@@ -60,7 +60,7 @@ def _within(request: pb.WatchMemoriesRequest, tiers: Sequence[Tier]) -> tuple[Ti
         raise InvalidArgument(
             "after_tier and after_id resume inside after_generation: give both (the tier and "
             "id of the last event received, a tier this call watches) with after_generation",
-            reason="RESUME_POINT_INVALID",
+            reason=Reason.RESUME_POINT_INVALID,
             metadata={
                 "field": "after_generation"
                 if request.after_generation <= 0

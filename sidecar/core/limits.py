@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 
 # Unicode's Cc category is exactly U+0000-U+001F and U+007F-U+009F. A
 # multi-line text may hold tab, newline and carriage return; nothing else in
@@ -42,7 +42,7 @@ def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> s
     if len(value) > limit:
         raise InvalidArgument(
             f"{field} is {len(value):,} characters long; the limit is {limit:,}",
-            reason="FIELD_TOO_LONG",
+            reason=Reason.FIELD_TOO_LONG,
             metadata={"field": field, "limit": limit, "length": len(value)},
         )
     found = (_MULTILINE_CONTROLS if multiline else _CONTROLS).search(value)
@@ -50,7 +50,7 @@ def checked(field: str, value: str, limit: int, *, multiline: bool = False) -> s
         position, char = found.start(), found.group()
         raise InvalidArgument(
             f"{field} holds the control character U+{ord(char):04X} at position {position}",
-            reason="CONTROL_CHARACTER",
+            reason=Reason.CONTROL_CHARACTER,
             metadata={"field": field, "position": position, "character": f"U+{ord(char):04X}"},
         )
     return value
@@ -60,6 +60,6 @@ def counted(field: str, count: int, limit: int) -> None:
     if count > limit:
         raise InvalidArgument(
             f"{field} has {count:,} items; the limit is {limit:,}",
-            reason="TOO_MANY_ITEMS",
+            reason=Reason.TOO_MANY_ITEMS,
             metadata={"field": field, "limit": limit, "count": count},
         )

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 
 # Entries are rendered into the system prompt joined by this separator, and a
 # tier's budget counts the rendered size (seed 003, Hermes' memory tool).
@@ -94,7 +94,9 @@ def clean_content(content: str) -> str:
     """The content as stored: stripped, and never empty."""
     stripped = content.strip()
     if not stripped:
-        raise InvalidArgument("content is empty; a memory needs some text", reason="CONTENT_EMPTY")
+        raise InvalidArgument(
+            "content is empty; a memory needs some text", reason=Reason.CONTENT_EMPTY
+        )
     return stripped
 
 
@@ -102,7 +104,7 @@ def check_confidence(confidence: float) -> float:
     if math.isnan(confidence) or not 0.0 <= confidence <= 1.0:
         raise InvalidArgument(
             f"confidence must be between 0 and 1, got {confidence!r}",
-            reason="CONFIDENCE_OUT_OF_RANGE",
+            reason=Reason.CONFIDENCE_OUT_OF_RANGE,
             metadata={"confidence": confidence},
         )
     return confidence

@@ -16,8 +16,8 @@ transaction per partition (its state row locked, an `expire` event per
 entry, the generation advanced so other replicas hear of it through the
 change feed), then updates this process's caches as a delete does.
 
-Owns: resolving and checking requested expiries, the sweep's steps. Must
-not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
+Owns: resolving and checking requested expiries, the sweep's steps.
+Must not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
 (sidecar.storage.expiry).
 """
 
@@ -30,7 +30,7 @@ from datetime import datetime
 
 from sidecar.config.settings import Config
 from sidecar.core.clock import from_micros, to_micros
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.partition import Partitions
 from sidecar.storage.store import Store
@@ -103,7 +103,7 @@ class Expiry:
             if not 0 < ttl <= MAX_TTL_SECONDS:
                 raise InvalidArgument(
                     f"ttl_seconds must be between 1 and {MAX_TTL_SECONDS:,} (100 years), got {ttl}",
-                    reason="TTL_OUT_OF_RANGE",
+                    reason=Reason.TTL_OUT_OF_RANGE,
                     metadata={"field": "ttl_seconds", "ttl_seconds": ttl},
                 )
             return now + ttl * 1_000_000
@@ -113,14 +113,14 @@ class Expiry:
                 f"expires_at ({requested.expires_at.isoformat()}) is not in the future (now is "
                 f"{from_micros(now).isoformat()}); an entry that expires at once would never be "
                 "seen",
-                reason="EXPIRES_AT_PAST",
+                reason=Reason.EXPIRES_AT_PAST,
                 metadata={"field": "expires_at"},
             )
         if at > now + MAX_TTL_SECONDS * 1_000_000:
             raise InvalidArgument(
                 f"expires_at ({requested.expires_at.isoformat()}) is more than 100 years ahead; "
                 "leave it unset for an entry that never expires",
-                reason="EXPIRES_AT_TOO_FAR",
+                reason=Reason.EXPIRES_AT_TOO_FAR,
                 metadata={"field": "expires_at"},
             )
         return at
@@ -163,6 +163,6 @@ class Expiry:
 def _conflict(field: str) -> InvalidArgument:
     return InvalidArgument(
         f"set at most one of expires_at, ttl_seconds and clear_expiry (also {field} was set)",
-        reason="EXPIRY_CONFLICT",
+        reason=Reason.EXPIRY_CONFLICT,
         metadata={"field": field},
     )

@@ -31,7 +31,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 
-from sidecar.core.errors import ResourceExhausted
+from sidecar.core.errors import Reason, ResourceExhausted
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.store import Store
@@ -85,7 +85,7 @@ class Exports:
                 raise ResourceExhausted(
                     f"{self._running} exports are running, the most server.max_concurrent_exports "
                     "allows; retry when one has finished",
-                    reason="EXPORTS_BUSY",
+                    reason=Reason.EXPORTS_BUSY,
                     metadata={"max": self._max},
                 )
             self._running += 1

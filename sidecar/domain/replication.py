@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from sidecar.core.errors import SidecarError, Unavailable
+from sidecar.core.errors import Reason, SidecarError, Unavailable
 from sidecar.core.memory import Scope
 from sidecar.core.metrics import Metrics
 from sidecar.domain.partition import PartitionKey, Partitions
@@ -116,7 +116,7 @@ class Replication:
                 raise Unavailable(
                     f"this replica has applied generation {applied}, not yet "
                     f"{min_generation}; retry (here or on another replica)",
-                    reason="REPLICA_BEHIND",
+                    reason=Reason.REPLICA_BEHIND,
                     metadata={"min_generation": min_generation, "applied_generation": applied},
                 )
 

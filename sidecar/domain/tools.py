@@ -39,9 +39,12 @@ from sidecar.core.errors import (
     BudgetExceeded,
     FailedPrecondition,
     InvalidArgument,
+    MatchNotFound,
     NotFound,
+    Reason,
     SidecarError,
     SimilarExists,
+    StoreError,
 )
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
@@ -284,13 +287,13 @@ class Tools:
             return self._refused(
                 name,
                 "the arguments are not a JSON object; call it again with valid JSON",
-                "ARGUMENTS_INVALID",
+                Reason.ARGUMENTS_INVALID,
             )
         run = self._runs.get(name)
         if run is None:
             raise InvalidArgument(
                 f"no tool named {name!r}; the tools are {', '.join(self._runs)}",
-                reason="TOOL_UNKNOWN",
+                reason=Reason.TOOL_UNKNOWN,
                 metadata={"name": name},
             )
         allowed = set(SCHEMAS[name]["properties"])
@@ -301,14 +304,16 @@ class Tools:
                 f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                 f"{name} takes {', '.join(sorted(allowed))} (the memories you reach are "
                 "set by the connection, not by arguments)",
-                "ARGUMENTS_INVALID",
+                Reason.ARGUMENTS_INVALID,
             )
         try:
             return run(scope, arguments)
         except _ArgumentError as exc:
-            return self._refused(name, str(exc), "ARGUMENTS_INVALID")
+            return self._refused(name, str(exc), Reason.ARGUMENTS_INVALID)
         except BudgetExceeded as exc:
             return self._full(scope, name, exc)
+        except StoreError:
+            raise  # a FailedPrecondition, but the operator's to mend, not the model's
         except _MODELS_TO_FIX as exc:
             return self._error(name, exc)
 
@@ -449,10 +454,10 @@ class Tools:
         }
 
     @staticmethod
-    def _refused(name: str, message: str, reason: str) -> ToolResult:
+    def _refused(name: str, message: str, reason: Reason) -> ToolResult:
         return ToolResult(
             f"{name}: {message}.",
-            {"ok": False, "error": {"reason": reason, "message": message}},
+            {"ok": False, "error": {"reason": str(reason), "message": message}},
             is_error=True,
         )
 
@@ -471,7 +476,7 @@ class Tools:
                 f"{exc.content!r}. If the new text corrects it, use action=replace with "
                 "old_text from it; if it says the same, it is already saved."
             )
-        elif isinstance(exc, NotFound) and exc.reason == "MATCH_NOT_FOUND":
+        elif isinstance(exc, MatchNotFound):
             text = (
                 f"Not changed: {exc.message}. Use memory_list or memory_search to find the "
                 "entry's exact text."

@@ -49,7 +49,13 @@ from typing import NamedTuple, Protocol
 
 from sidecar.config.settings import ServerSettings
 from sidecar.core.clock import Clock, system_clock, to_micros
-from sidecar.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from sidecar.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    Reason,
+    ResourceExhausted,
+    Unavailable,
+)
 from sidecar.core.memory import Scope, Tier
 from sidecar.core.metrics import Metrics
 from sidecar.storage.events import Event, EventLog
@@ -134,7 +140,7 @@ class Watches:
                 raise ResourceExhausted(
                     f"this replica already serves {self.limit} watches (server.max_watches); "
                     "close one, or watch through another replica",
-                    reason="WATCHES_EXHAUSTED",
+                    reason=Reason.WATCHES_EXHAUSTED,
                     metadata={"max_watches": self.limit},
                 )
             self._open.add(watch)
@@ -174,7 +180,7 @@ def _stopping(generation: int | None) -> Unavailable:
     return Unavailable(
         "the server is stopping; watch again (through another replica)"
         + ("" if generation is None else f" with after_generation {generation}"),
-        reason="SERVER_STOPPING",
+        reason=Reason.SERVER_STOPPING,
         metadata={} if generation is None else {"resume_generation": generation},
     )
 
@@ -219,7 +225,7 @@ class Watch:
                     f"after_generation {after} is ahead of this database (its newest "
                     f"generation is {newest}): it comes from another database, or one "
                     "restored from a backup; export the scope and watch from now on (0)",
-                    reason="WATCH_GENERATION_AHEAD",
+                    reason=Reason.WATCH_GENERATION_AHEAD,
                     metadata={"after_generation": after, "newest_generation": newest},
                 )
             cursor = sent = after
@@ -282,7 +288,7 @@ class Watch:
 def _bad_generation(after: int) -> InvalidArgument:
     return InvalidArgument(
         f"after_generation must be 0 (from now on) or a generation received, got {after}",
-        reason="GENERATION_INVALID",
+        reason=Reason.GENERATION_INVALID,
         metadata={"field": "after_generation", "after_generation": after},
     )
 
@@ -293,7 +299,7 @@ def _pruned(after: int, horizon: int) -> FailedPrecondition:
         f"{horizon} were pruned, see server.event_retention_seconds): export the scope "
         "(ExportMemories), then watch from now on (after_generation 0, or the generation "
         "read before exporting)",
-        reason="WATCH_GENERATION_PRUNED",
+        reason=Reason.WATCH_GENERATION_PRUNED,
         metadata={"after_generation": after, "oldest_resumable_generation": horizon},
     )
 
@@ -302,7 +308,7 @@ def _too_slow(cursor: int, buffer: int) -> ResourceExhausted:
     return ResourceExhausted(
         f"this watcher fell more than {buffer} events behind (server.watch_buffer_events); "
         f"watch again with after_generation {cursor} and read faster",
-        reason="WATCH_TOO_SLOW",
+        reason=Reason.WATCH_TOO_SLOW,
         metadata={"resume_generation": cursor, "watch_buffer_events": buffer},
     )
 

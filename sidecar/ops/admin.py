@@ -39,7 +39,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.config.settings import Config
 from sidecar.core.clock import from_micros, parse_timestamp, to_micros
-from sidecar.core.errors import InvalidArgument, SidecarError
+from sidecar.core.errors import InvalidArgument, Reason, SidecarError
 from sidecar.core.memory import Memory, Tier
 from sidecar.ops.console import Progress, emit_json, table
 from sidecar.storage import archive
@@ -203,7 +203,7 @@ class Online:
                 f"cannot reach memory-sidecar at {self.address} within "
                 f"{self.args.timeout:g} s: {exc.details()}"
             )
-        if reason == "MEMORY_NOT_FOUND" and not (self.args.agent_id or self.args.user_id):
+        if reason == Reason.MEMORY_NOT_FOUND and not (self.args.agent_id or self.args.user_id):
             return CommandFailed(
                 f"{method} failed: no such memory in the default scope; memories live in "
                 "their scope: pass --agent-id for agent notes, --user-id for the user profile"
@@ -427,7 +427,7 @@ def _resumable(exc: grpc.RpcError) -> bool:
     code = exc.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return True
-    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(exc) == "EXPORTS_BUSY"
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(exc) == Reason.EXPORTS_BUSY
 
 
 def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
@@ -453,7 +453,7 @@ def health(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 def backup(store: Store, destination: str, out: TextIO) -> int:
     if os.path.exists(destination):
         raise InvalidArgument(
-            f"{destination} exists; choose a new file", reason="BACKUP_TARGET_EXISTS"
+            f"{destination} exists; choose a new file", reason=Reason.BACKUP_TARGET_EXISTS
         )
     progress = Progress("backing up (pages)")
     archive.backup(store, destination, progress.update)
@@ -518,7 +518,7 @@ def _read_lines(source: str) -> Iterator[tuple[str, Memory]]:
 
 def import_file(store: Store, source: str, out: TextIO, *, compact_from: int = 0) -> int:
     if source != "-" and not os.path.isfile(source):
-        raise InvalidArgument(f"{source}: no such file", reason="IMPORT_SOURCE_MISSING")
+        raise InvalidArgument(f"{source}: no such file", reason=Reason.IMPORT_SOURCE_MISSING)
     # Parse everything first: a bad line aborts the import before any write.
     entries = list(_read_lines(source))
     inserted, present = archive.restore(store, entries)

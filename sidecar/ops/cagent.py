@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 from sidecar.core.clock import parse_timestamp, system_clock, to_micros
-from sidecar.core.errors import InvalidArgument
+from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.storage.archive import LegacyEntry
 
 _TABLES = ("memories", "user_memories")
@@ -25,7 +25,7 @@ _TABLES = ("memories", "user_memories")
 def read_entries(path: str | Path) -> tuple[list[LegacyEntry], list[str]]:
     """Entries in the file's insertion order, and warnings about them."""
     if not Path(path).is_file():
-        raise InvalidArgument(f"{path}: no such file", reason="IMPORT_SOURCE_MISSING")
+        raise InvalidArgument(f"{path}: no such file", reason=Reason.IMPORT_SOURCE_MISSING)
     # Read-only, so a cagent still running against the file is not disturbed.
     conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     try:
@@ -36,20 +36,20 @@ def read_entries(path: str | Path) -> tuple[list[LegacyEntry], list[str]]:
             }
         except sqlite3.DatabaseError as exc:
             raise InvalidArgument(
-                f"{path}: not an SQLite database ({exc})", reason="IMPORT_SOURCE_INVALID"
+                f"{path}: not an SQLite database ({exc})", reason=Reason.IMPORT_SOURCE_INVALID
             ) from None
         table = next((t for t in _TABLES if t in tables), None)
         if table is None:
             raise InvalidArgument(
                 f"{path}: no cagent memories table (looked for {', '.join(_TABLES)})",
-                reason="IMPORT_SOURCE_INVALID",
+                reason=Reason.IMPORT_SOURCE_INVALID,
             )
         columns = {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
         missing = {"id", "memory"} - columns
         if missing:
             raise InvalidArgument(
                 f"{path}: table {table} lacks column(s) {', '.join(sorted(missing))}",
-                reason="IMPORT_SOURCE_INVALID",
+                reason=Reason.IMPORT_SOURCE_INVALID,
             )
         created = "created_at" if "created_at" in columns else "NULL"
         category = "category" if "category" in columns else "''"

@@ -49,6 +49,7 @@ from sidecar.core.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Reason,
     ResourceExhausted,
     SidecarError,
     Unauthenticated,
@@ -90,7 +91,7 @@ def remote_error(exc: grpc.RpcError, address: str, timeout: float) -> SidecarErr
         return Unavailable(
             f"cannot reach memory-sidecar at {address} within {timeout:g} s "
             f"({code.name}: {exc.details()}); is the daemon running?",
-            reason="DAEMON_UNREACHABLE",
+            reason=Reason.DAEMON_UNREACHABLE,
             metadata={"address": address},
         )
     leaf = _LEAVES.get(code.name, SidecarError)

@@ -32,12 +32,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar.core.errors import DatabaseRefused, SidecarError, Unavailable
+from sidecar.core.errors import (
+    DatabaseBusy,
+    DatabaseReadOnly,
+    DatabaseRefused,
+    DatabaseUnavailable,
+    SidecarError,
+    Unavailable,
+)
 
 log = logging.getLogger("sidecar")
 
-# Reasons a later attempt may not meet.
-_TRANSIENT = frozenset({"DATABASE_UNAVAILABLE", "DATABASE_BUSY"})
+# Errors a later attempt may not meet.
+_TRANSIENT = (DatabaseUnavailable, DatabaseBusy)
 # How often the main thread looks for a stop while an attempt runs (a
 # connect to a host that does not answer lasts up to its connect timeout).
 _POLL_SECONDS = 0.05
@@ -45,13 +52,13 @@ _POLL_SECONDS = 0.05
 
 def transient(exc: BaseException, backend: str) -> bool:
     """Whether waiting may mend the error an attempt to open failed with."""
-    if isinstance(exc, DatabaseRefused) or not isinstance(exc, SidecarError):
+    if isinstance(exc, DatabaseRefused):
         return False
-    if exc.reason in _TRANSIENT:
+    if isinstance(exc, _TRANSIENT):
         return True
     # A PostgreSQL standby refuses writes until a failover promotes it; an
     # SQLite file stays read-only until its operator changes it.
-    return exc.reason == "DATABASE_READ_ONLY" and backend == "postgresql"
+    return isinstance(exc, DatabaseReadOnly) and backend == "postgresql"
 
 
 class Backoff:

@@ -14,9 +14,10 @@ checks the budget against it and advances it in the same transaction, so a
 budget check is O(1) and budgets hold across processes.
 
 Owns: the Backend contract, the table names, PartitionState, the portable SQL on
-the state, index, change-log and vector tables, statement tracing, and which
-error each storage fault is. Must not touch: Peewee's models or query builder
-(sidecar.storage.store), caches, the engine, gRPC, configuration (settings are arguments).
+the state, index, change-log and vector tables, and statement tracing (which
+error each storage fault is: its leaf in sidecar.core.errors, on both backends).
+Must not touch: Peewee's models or query builder (sidecar.storage.store), caches,
+the engine, gRPC, configuration (settings are arguments).
 """
 
 from __future__ import annotations
@@ -27,14 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from sidecar.core.errors import (
-    DataLoss,
-    FailedPrecondition,
-    ResourceExhausted,
-    SidecarError,
-    StoreError,
-    Unavailable,
-)
+from sidecar.core.errors import StoreError
 from sidecar.storage.changes import ChangeFeed, OnChange
 
 SCHEMA_TABLE = "schema_version"
@@ -109,21 +103,6 @@ class FeedSettings:
 
     poll_seconds: float
     heartbeat_seconds: float
-
-
-# Storage faults, by reason, and the status each is on both backends.
-_STORAGE_FAULTS: dict[str, type[SidecarError]] = {
-    "STORAGE_FULL": ResourceExhausted,
-    "DATABASE_READ_ONLY": FailedPrecondition,
-    "DATABASE_CORRUPT": DataLoss,
-    "DATABASE_IO_ERROR": Unavailable,
-}
-
-
-def storage_fault(reason: str, message: str) -> SidecarError:
-    """The error for a storage fault: a full disk, a read-only or damaged
-    database, a failing disk."""
-    return _STORAGE_FAULTS[reason](message, reason=reason)
 
 
 class ErrorGuard(abc.ABC):

@@ -33,9 +33,14 @@ from typing import Any
 from playhouse.pool import MaxConnectionsExceeded
 
 from sidecar.core.errors import (
+    DatabaseBusy,
+    DatabaseReadOnly,
     DatabaseRefused,
+    DatabaseUnavailable,
+    DataLoss,
+    SidecarError,
+    StorageFull,
     StoreError,
-    Unavailable,
 )
 from sidecar.storage import _backend
 from sidecar.storage._backend import (
@@ -274,11 +279,11 @@ MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
 # SQLSTATEs a client can act on by retrying.
 # Storage faults: the server's disk is full, it refuses writes (a hot
 # standby), or its pages are damaged.
-_STORAGE = {
-    "53100": ("STORAGE_FULL", "the database server's disk is full; nothing was changed"),
-    "25006": ("DATABASE_READ_ONLY", "the database refuses writes (a read-only server or standby)"),
-    "XX001": ("DATABASE_CORRUPT", "the database server reports damaged data"),
-    "XX002": ("DATABASE_CORRUPT", "the database server reports a damaged index"),
+_STORAGE: dict[str, tuple[type[SidecarError], str]] = {
+    "53100": (StorageFull, "the database server's disk is full; nothing was changed"),
+    "25006": (DatabaseReadOnly, "the database refuses writes (a read-only server or standby)"),
+    "XX001": (DataLoss, "the database server reports damaged data"),
+    "XX002": (DataLoss, "the database server reports a damaged index"),
 }
 
 _BUSY = {
@@ -309,23 +314,20 @@ class ErrorGuard(_backend.ErrorGuard):
         original = getattr(exc, "orig", exc)
         if psycopg is None or not isinstance(original, psycopg.Error):
             if isinstance(exc, MaxConnectionsExceeded):
-                raise Unavailable(
-                    "every database connection stayed busy; retry", reason="DATABASE_BUSY"
-                ) from exc
+                raise DatabaseBusy("every database connection stayed busy; retry") from exc
             return
         state = original.sqlstate or ""
         if out_of_slots(original):
             # Not unreachable: full. Every slot (max_connections) is taken,
             # by this replica's pool or others'; one frees up soon.
-            raise Unavailable(
-                f"the database server has no free connection slot ({self.location}); retry",
-                reason="DATABASE_BUSY",
+            raise DatabaseBusy(
+                f"the database server has no free connection slot ({self.location}); retry"
             ) from exc
         if state in _STORAGE:
-            reason, why = _STORAGE[state]
-            raise _backend.storage_fault(reason, f"{why} ({self.location})") from exc
+            fault, why = _STORAGE[state]
+            raise fault(f"{why} ({self.location})") from exc
         if state in _BUSY:
-            raise Unavailable(_BUSY[state], reason="DATABASE_BUSY") from exc
+            raise DatabaseBusy(_BUSY[state]) from exc
         # Cannot connect (08), shutting down (57P), refused login (28), no
         # such database (3D): say why, in the server's words (never a password).
         if isinstance(original, psycopg.OperationalError) and (
@@ -337,9 +339,8 @@ class ErrorGuard(_backend.ErrorGuard):
             refused = state.startswith(("28", "3D")) or (
                 not state and any(words in str(original) for words in _REFUSED)
             )
-            raise (DatabaseRefused if refused else Unavailable)(
-                f"cannot reach the database at {self.location}: {why}",
-                reason="DATABASE_UNAVAILABLE",
+            raise (DatabaseRefused if refused else DatabaseUnavailable)(
+                f"cannot reach the database at {self.location}: {why}"
             ) from exc
 
 
@@ -504,9 +505,8 @@ class PostgresBackend(Backend):
         # (beyond most callers' deadlines) for a connection in use: a
         # session event or fence is refused at once instead.
         if self.db.would_wait():
-            raise Unavailable(
-                "no database connection free (held for the change feed's listener); retry",
-                reason="DATABASE_BUSY",
+            raise DatabaseBusy(
+                "no database connection free (held for the change feed's listener); retry"
             )
         # Autocommit: delivered to every listener (this one's too) after
         # every notification committed before it.

@@ -27,8 +27,13 @@ from playhouse.pool import PooledSqliteDatabase
 
 from sidecar.core.clock import parse_timestamp, system_clock, to_micros
 from sidecar.core.errors import (
+    DatabaseBusy,
+    DatabaseIOError,
+    DatabaseReadOnly,
+    DataLoss,
+    SidecarError,
+    StorageFull,
     StoreError,
-    Unavailable,
 )
 from sidecar.storage import _backend
 from sidecar.storage._backend import (
@@ -355,31 +360,31 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
 # SQLite's primary result codes (the low byte of an extended code).
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 8, 10, 11
 _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
-# (result code, words of its message, reason, what to tell the client)
-_FAULTS = (
+# (result code, words of its message, the error, what to tell the client)
+_FAULTS: tuple[tuple[int, str, type[SidecarError], str], ...] = (
     (
         _SQLITE_FULL,
         "disk is full",
-        "STORAGE_FULL",
+        StorageFull,
         "no room left to write {location}: the disk (or its quota) is full; nothing was changed",
     ),
     (
         _SQLITE_READONLY,
         "readonly database",
-        "DATABASE_READ_ONLY",
+        DatabaseReadOnly,
         "{location} cannot be written (a read-only file, directory or mount); reads still work",
     ),
     (
         _SQLITE_CORRUPT,
         "malformed",
-        "DATABASE_CORRUPT",
+        DataLoss,
         "{location} is damaged ({text}); stop writing to it and restore from a backup "
         "(`memory-sidecar check` tells more)",
     ),
     (
         _SQLITE_IOERR,
         "disk I/O error",
-        "DATABASE_IO_ERROR",
+        DatabaseIOError,
         "the disk under {location} failed to read or write ({text}); retry",
     ),
 )
@@ -394,22 +399,16 @@ class ErrorGuard(_backend.ErrorGuard):
         text = str(original)
         code = (getattr(original, "sqlite_errorcode", None) or 0) & 0xFF
         if "locked" in text or "busy" in text:
-            raise Unavailable(
-                "the database stayed locked past the busy timeout; retry",
-                reason="DATABASE_BUSY",
-            ) from exc
-        for fault_code, words, reason, message in _FAULTS:
+            raise DatabaseBusy("the database stayed locked past the busy timeout; retry") from exc
+        for fault_code, words, fault, message in _FAULTS:
             if code == fault_code or words in text:
-                raise _backend.storage_fault(
-                    reason, message.format(location=self.location, text=text)
-                ) from exc
+                raise fault(message.format(location=self.location, text=text)) from exc
         if code == _SQLITE_NOTADB or "file is not a database" in text:
             raise StoreError(f"{self.location} is not an SQLite database") from exc
         if code == _SQLITE_CANTOPEN or "unable to open database" in text:
             path = Path(self.location)
             if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
-                raise _backend.storage_fault(
-                    "DATABASE_READ_ONLY",
+                raise DatabaseReadOnly(
                     f"{self.location} cannot be written (a read-only file, directory or mount; "
                     "SQLite also creates -wal and -shm files beside it)",
                 ) from exc

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from peewee import fn
 
 from sidecar.core.clock import Clock, from_micros, system_clock, to_micros
-from sidecar.core.errors import AmbiguousMatch, NotFound
+from sidecar.core.errors import AmbiguousMatch, MatchNotFound, NotFound
 from sidecar.core.memory import Memory, Scope, Tier, Usage, rendered_chars
 from sidecar.storage import _sqlite
 from sidecar.storage._backend import ROWS_PER_INSERT, Backend, PartitionState
@@ -203,11 +203,10 @@ class Tables:
         sql, params = query.sql()
         found = [Record(*row) for row in self.db.execute_sql(sql, params).fetchall()]
         if not found:
-            raise NotFound(
+            raise MatchNotFound(
                 f"no entry of the {tier.label} tier in this scope contains "
                 f"{match[: AmbiguousMatch.PREVIEW_CHARS]!r}; text is matched case-sensitively, "
                 "exactly as written",
-                reason="MATCH_NOT_FOUND",
                 metadata={"field": "match", "tier": tier.value},
             )
         if len(found) > 1:

@@ -36,7 +36,7 @@ from operator import attrgetter
 from typing import Any
 
 from sidecar.core.clock import to_micros
-from sidecar.core.errors import InvalidArgument, SidecarError
+from sidecar.core.errors import InvalidArgument, Reason, SidecarError
 from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, check_confidence
 from sidecar.storage import schema
 from sidecar.storage._backend import ROWS_PER_INSERT, PartitionState
@@ -127,7 +127,9 @@ def parse_line(number: int, line: str) -> tuple[str, Memory]:
         return str(item["owner"]), memory
     except (ValueError, KeyError, TypeError, AttributeError, SidecarError) as exc:
         problem = exc.message if isinstance(exc, SidecarError) else str(exc)
-        raise InvalidArgument(f"line {number}: {problem}", reason="IMPORT_LINE_INVALID") from None
+        raise InvalidArgument(
+            f"line {number}: {problem}", reason=Reason.IMPORT_LINE_INVALID
+        ) from None
 
 
 # --- reading everything, or some partitions, in one snapshot -------------------

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
-from sidecar.core.errors import SidecarError, Unavailable
+from sidecar.core.errors import DatabaseUnavailable, SidecarError
 
 log = logging.getLogger("sidecar.changes")
 
@@ -143,7 +143,7 @@ class ChangeFeed(abc.ABC):
         is DATABASE_UNAVAILABLE. Refused once stopped: a start-up attempt
         left behind by a stop must not leave a connection open."""
         if self._stop.is_set():
-            raise Unavailable("the change feed was stopped", reason="DATABASE_UNAVAILABLE")
+            raise DatabaseUnavailable("the change feed was stopped")
         try:
             self._open()
         except SidecarError:
@@ -151,13 +151,11 @@ class ChangeFeed(abc.ABC):
             raise
         except Exception as exc:
             self._close()
-            raise Unavailable(
-                f"cannot start the change feed: {exc}", reason="DATABASE_UNAVAILABLE"
-            ) from exc
+            raise DatabaseUnavailable(f"cannot start the change feed: {exc}") from exc
         with self._life:
             if self._stop.is_set():  # stopped while it connected
                 self._close()
-                raise Unavailable("the change feed was stopped", reason="DATABASE_UNAVAILABLE")
+                raise DatabaseUnavailable("the change feed was stopped")
             self._last_ok = self._clock()
             self._thread = threading.Thread(target=self._run, name="change-feed", daemon=True)
             self._thread.start()

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from sidecar.core.errors import NotFound
+from sidecar.core.errors import NotFound, Reason
 from sidecar.core.memory import Tier, Usage
 from sidecar.storage._backend import PartitionState
 from sidecar.storage._statements import Record
@@ -138,7 +138,7 @@ def purge_edited(
     if row.expires_at is not None and row.expires_at <= now:
         raise NotFound(
             f"the memory with id {row.memory_id!r} has expired",
-            reason="EXPIRED",
+            reason=Reason.EXPIRED,
             metadata={"id": row.memory_id},
         )
     return purge_bounded(tables, row.owner, Tier(row.tier), locked, now, limit)

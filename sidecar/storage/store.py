@@ -34,6 +34,7 @@ from sidecar.core.errors import (
     DataLoss,
     FailedPrecondition,
     InvalidArgument,
+    Reason,
 )
 from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.storage import _sqlite, schema
@@ -175,7 +176,7 @@ class Store:
                     raise DataLoss(
                         f"{self.path} is damaged ({problem}); restore it from a backup, or run "
                         "`memory-sidecar check` for the full report",
-                        reason="DATABASE_CORRUPT",
+                        reason=Reason.DATABASE_CORRUPT,
                     )
                 return schema.migrate(self._backend)
         except BaseException:
@@ -361,7 +362,7 @@ class Store:
                     raise AlreadyExists(
                         f"another entry of the {tier.label} tier already says exactly this "
                         f"(id {twin.memory_id}); update or delete that one instead",
-                        reason="DUPLICATE_CONTENT",
+                        reason=Reason.DUPLICATE_CONTENT,
                         metadata={"id": row.memory_id, "existing_id": twin.memory_id},
                     )
                 delta = len(content) - row.content_chars
@@ -516,7 +517,7 @@ def _replay(
     if record.content_sha256 != _sqlite.content_digest(content):
         raise InvalidArgument(
             "idempotency_key was already used for different content; use a new key",
-            reason="IDEMPOTENCY_KEY_REUSED",
+            reason=Reason.IDEMPOTENCY_KEY_REUSED,
             metadata={"idempotency_key": key},
         )
     Row = tables.rows
@@ -524,7 +525,7 @@ def _replay(
     if row is None:
         raise FailedPrecondition(
             "idempotency_key was already used, and the memory it stored has been deleted since",
-            reason="IDEMPOTENCY_KEY_USED",
+            reason=Reason.IDEMPOTENCY_KEY_USED,
             metadata={"idempotency_key": key, "id": record.memory_id},
         )
     return row
@@ -591,7 +592,7 @@ def _require_enabled(tier: Tier, policy: TierPolicy) -> None:
     if not policy.enabled:
         raise FailedPrecondition(
             f"the {tier.label} tier is disabled for this agent; writes to it are refused",
-            reason="TIER_DISABLED",
+            reason=Reason.TIER_DISABLED,
             metadata={"tier": tier.value},
         )
 

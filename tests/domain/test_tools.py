@@ -8,13 +8,18 @@ must tell the model what happened and what each tier holds.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import jsonschema
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.config.settings import Config
+from sidecar.core.errors import DatabaseReadOnly, SidecarError, StoreError
+from sidecar.core.memory import Scope
+from sidecar.domain.engine import MemoryEngine
+from sidecar.domain.tools import Tools
 from tests.conftest import ROOT, MakeSidecar, Running, error_info, refused
 
 pytestmark = pytest.mark.contract
@@ -338,3 +343,29 @@ def test_docs_api_shows_each_schema_exactly(sidecar: Running) -> None:
     blocks = section.split("```json\n")[1:]
     shown = [json.loads(block.split("```", 1)[0]) for block in blocks]
     assert shown == [json.loads(t.input_schema_json) for t in tools(sidecar).values()]
+
+
+class _Failing:
+    """An engine whose searches fail with one error."""
+
+    def __init__(self, error: SidecarError) -> None:
+        self.error = error
+
+    def search(self, *args: Any, **kwargs: Any) -> None:
+        raise self.error
+
+
+def _search_failing_with(error: SidecarError) -> Any:
+    engine = cast(MemoryEngine, _Failing(error))
+    tools = Tools(engine, Config().server.limits())
+    return tools.call(Scope("coder"), "s1", "memory_search", {"query": "uv"})
+
+
+def test_a_database_the_operator_must_mend_is_the_runtimes_error() -> None:
+    # A StoreError is a FAILED_PRECONDITION, but not the model's to fix.
+    with pytest.raises(StoreError):
+        _search_failing_with(StoreError("schema version 99, newer than this code"))
+    # A read-only database has always been a tool error.
+    result = _search_failing_with(DatabaseReadOnly("memory.db cannot be written"))
+    assert result.is_error
+    assert result.structured["error"]["reason"] == "DATABASE_READ_ONLY"

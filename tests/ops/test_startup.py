@@ -33,9 +33,12 @@ from sidecar.api.server import Sidecar
 from sidecar.config import settings
 from sidecar.core.errors import (
     ConfigError,
+    DatabaseBusy,
+    DatabaseIOError,
+    DatabaseReadOnly,
     DatabaseRefused,
+    DatabaseUnavailable,
     DataLoss,
-    FailedPrecondition,
     StoreError,
     Unavailable,
 )
@@ -343,14 +346,15 @@ def test_a_negative_startup_timeout_is_refused(tmp_path: Path) -> None:
 
 
 def test_what_waiting_can_mend() -> None:
-    unreachable = Unavailable("refused", reason="DATABASE_UNAVAILABLE")
+    unreachable = DatabaseUnavailable("refused")
     assert transient(unreachable, "postgresql")
-    assert transient(Unavailable("locked", reason="DATABASE_BUSY"), "sqlite")
-    read_only = FailedPrecondition("standby", reason="DATABASE_READ_ONLY")
+    assert transient(DatabaseBusy("locked"), "sqlite")
+    read_only = DatabaseReadOnly("standby")
     assert transient(read_only, "postgresql")  # a standby, until promoted
     assert not transient(read_only, "sqlite")  # a file's mode
     assert not transient(DatabaseRefused("bad password"), "postgresql")
     assert not transient(DataLoss("damaged"), "sqlite")
+    assert not transient(DatabaseIOError("a failing disk"), "sqlite")
     assert not transient(StoreError("newer schema"), "postgresql")
     assert not transient(ConfigError("server.db", "bad"), "postgresql")
     assert not transient(RuntimeError("a bug"), "postgresql")
@@ -368,7 +372,7 @@ def test_back_off_doubles_to_its_cap_with_jitter() -> None:
 
 
 def test_wait_for_database_retries_then_succeeds_and_raises_what_lasts() -> None:
-    failures = [Unavailable("down", reason="DATABASE_UNAVAILABLE")] * 3
+    failures = [DatabaseUnavailable("down")] * 3
     told: list[str] = []
 
     def attempt() -> None:
@@ -389,7 +393,7 @@ def test_wait_for_database_retries_then_succeeds_and_raises_what_lasts() -> None
         wait_for_database(lasting, backend="postgresql", timeout=0, stop=stop, backoff=quick)
 
     def down() -> None:
-        raise Unavailable("down", reason="DATABASE_UNAVAILABLE")
+        raise DatabaseUnavailable("down")
 
     now = [0.0]
 
@@ -465,7 +469,7 @@ def test_a_passing_failure_to_connect_after_a_first_open_is_retried(
 ) -> None:
     # The store opens at once; the change feed then finds no free slot once.
     real = ChangeFeed.start
-    failures = [Unavailable("no free connection slot", reason="DATABASE_BUSY")]
+    failures = [DatabaseBusy("no free connection slot")]
 
     def start(feed: ChangeFeed) -> None:
         if failures:
