@@ -57,8 +57,9 @@ from sidecar.retrieval.keywords import keywords
 from sidecar.retrieval.ranking import rank
 from sidecar.retrieval.semantic import Floats, Semantic
 from sidecar.retrieval.similarity import Similar
-from sidecar.storage.store import Store, Wanted
+from sidecar.storage.store import Store
 from sidecar.storage.vectors import Vector
+from sidecar.storage.writes import Edit, NewEntry, Wanted
 
 log = logging.getLogger("sidecar.engine")
 
@@ -239,22 +240,20 @@ class MemoryEngine:
 
     def add(
         self,
-        scope: Scope,
-        tier: Tier,
-        content: str,
-        category: str,
-        confidence: float,
+        entry: NewEntry,
         *,
-        idempotency_key: str = "",
-        still_wanted: Wanted | None = None,
         expiry: Requested = AS_CONFIGURED,
+        still_wanted: Wanted | None = None,
     ) -> Added:
+        """Screen and store a new entry (`expiry`: as the caller asked, by
+        default the agent's for the tier)."""
+        scope, tier, content = entry.scope, entry.tier, entry.content
         # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
-        expires_at = self.expiry.for_add(scope, tier, expiry)
+        expires = self.expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
         _require_user(settings, scope, tier)
         _screen(self._metrics, settings, "content", content)
-        _screen(self._metrics, settings, "category", category)
+        _screen(self._metrics, settings, "category", entry.category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
         similar = self._queries.near_duplicates(settings, self.partitions, key, content, held)
@@ -269,16 +268,11 @@ class MemoryEngine:
             )
         with self.partitions.writing([key]), self._counting_rejections():
             written = self._store.add(
-                scope,
-                tier,
-                content,
-                category,
-                confidence,
+                entry,
                 settings.policy(tier),
-                idempotency_key=idempotency_key,
+                expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
-                expires_at=expires_at,
             )
             self.partitions.added(key, written)
             if self.semantic is not None:
@@ -288,41 +282,29 @@ class MemoryEngine:
 
     def update(
         self,
-        scope: Scope,
-        memory_id: str,
+        edit: Edit,
         *,
-        content: str | None,
-        category: str | None,
-        confidence: float | None,
+        expiry: Requested = AS_CONFIGURED,
         still_wanted: Wanted | None = None,
-        match: str = "",
-        tier: Tier = Tier.MEMORY,
-        expiry: tuple[int | None, bool] = (None, False),
     ) -> tuple[Memory, Usage, int]:
-        """Change the entry named by `memory_id`, or (with `match`, and
-        memory_id "") the one entry of `tier` whose content holds `match`
-        (`expiry`: Expiry.for_update's); the entry, usage, generation written."""
+        """Change the entry `edit` names (`expiry`: as the caller asked, by
+        default as it was); the entry, usage, generation written."""
+        expires = self.expiry.for_update(expiry)
+        scope, content = edit.scope, edit.content
         settings = self.settings(scope)
         if content is not None:
             _screen(self._metrics, settings, "content", content)
-        if category is not None:
-            _screen(self._metrics, settings, "category", category)
-        keys = _edited_partitions(scope, match, tier)
+        if edit.category is not None:
+            _screen(self._metrics, settings, "category", edit.category)
+        keys = _edited_partitions(scope, edit.match, edit.tier)
         stored, held = self._embedding(content, keys)
         with self.partitions.writing(keys), self._counting_rejections():
             written = self._store.update(
-                scope,
-                memory_id,
+                edit,
                 settings.policies(),
-                content=content,
-                category=category,
-                confidence=confidence,
+                expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
-                match=match,
-                tier=tier,
-                expires_at=expiry[0],
-                clear_expiry=expiry[1],
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))

@@ -2,9 +2,9 @@
 another store's entries (cagent's memory.db), and the JSON-lines export
 format (one line per entry) with the streamed reads ExportMemories makes.
 
-Module functions taking a Store, not a class the store builds: importing
-applies the calling agent's TierPolicy, which sidecar.storage.store defines, so this
-module sits above the store and the store never imports it (no cycle). They
+Module functions taking a Store, not a class the store builds: they write
+through the store's handle, so this module sits above the store and the
+store never imports it (no cycle). They
 use the store's shared handle (`store.tables`) as the store's own methods
 do. One of the storage modules, the only code that touches Peewee (see
 sidecar.storage.store); it never imports the engine, service, server, ranking or
@@ -43,7 +43,8 @@ from sidecar.storage._backend import ROWS_PER_INSERT, PartitionState
 from sidecar.storage._statements import Record, record_of, unexpired
 from sidecar.storage._tables import to_memory, usage_of
 from sidecar.storage.expiry import advance, purge_bounded
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import TierPolicy
 
 
 @dataclass(frozen=True, slots=True)
