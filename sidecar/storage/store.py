@@ -1,17 +1,19 @@
 """The store: tiered memories in one database, written within each tier's
-budget. Store owns the lifecycle, the writes and the reads of entries and
-usage; beside it, sharing the handle it builds (sidecar.storage._tables), are
-sidecar.storage.schema (models, migrations), sidecar.storage.index (`store.indexes`),
-sidecar.storage.vectors (`store.vectors`) and sidecar.storage.archive (backup, dump,
-restore, import). These storage modules and their private helpers (_tables,
-_backend, _sqlite, _postgres, _statements) are the only code that touches
-Peewee, and none imports the engine, service, server, ranking or compact.
+budget, a write taken as one value (sidecar.storage.writes). Beside it,
+sharing the handle it builds (sidecar.storage._tables), are the other storage
+modules: schema, index (`store.indexes`), vectors (`store.vectors`), expiry,
+events, erasure, and archive (backup, dump, restore, import).
 
 Every public method opens a pooled connection for its own duration, so the
 store is safe to call from any thread. Every write locks its partition's
 state row (see sidecar.storage._backend), checks the budget and duplicates against
 it, and advances it in the same transaction, so concurrent writers, in this
 process or any other, can never push a tier over its budget together.
+
+Owns: Store (its backend, lifecycle, the writes and reads of entries, usage,
+idempotency keys). Must not touch: the engine, service, server, ranking or
+compact; with its neighbours and private helpers (_tables, _backend,
+_sqlite, _postgres, _statements) the only code that touches Peewee.
 """
 
 from __future__ import annotations
@@ -299,8 +301,8 @@ class Store:
                 return _unchanged(self.tables, existing, locked, purged, now)
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
             check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
-            row = self._inserted(entry, owner, now, expires)
-            self._put_vector(row.seq, content, vector)
+            row = _inserted(self.tables, entry, owner, now, expires)
+            _put_vector(self.tables, row.seq, content, vector)
             _remember(self.tables, owner, tier, key, row.memory_id, content, now)
             after = state._replace(
                 content_chars=state.content_chars + len(content),
@@ -337,78 +339,13 @@ class Store:
             require_enabled(tier, policy)
             after = state
             if edit.content is not None and edit.content != row.content:
-                usage = usage_of(purged.weighed(state))
-                row, after = self._new_content(row, edit.content, state, usage, policy, now)
-                self._put_vector(row.seq, edit.content, vector)
+                row, after = _new_content(self.tables, row, edit.content, purged, policy, now)
+                _put_vector(self.tables, row.seq, edit.content, vector)
             row = _edited(row, edit, expires, now)
-            self._rewrite(row)
+            _rewrite(self.tables, row)
             generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
             return _done(row, purged.weighed(after), False, locked, generation, expired)
-
-    def _inserted(self, entry: NewEntry, owner: str, now: int, expires: Expires) -> Record:
-        """The new entry's row, inserted with a new id."""
-        return self.tables.insert(
-            str(uuid.uuid4()),
-            owner,
-            entry.tier,
-            entry.content,
-            entry.category,
-            entry.confidence,
-            now,
-            expires_at=expires.applied(None),
-        )
-
-    def _new_content(
-        self,
-        row: Record,
-        content: str,
-        state: PartitionState,
-        usage: Usage,
-        policy: TierPolicy,
-        now: int,
-    ) -> tuple[Record, PartitionState]:
-        """The row with its new content, and its partition's state after:
-        refused if another entry of the tier says exactly this, or if it
-        grows the tier past its budget."""
-        tier = Tier(row.tier)
-        twin = self.tables.identical(row.owner, tier, content, now)
-        if twin is not None:
-            raise AlreadyExists(
-                f"another entry of the {tier.label} tier already says exactly this "
-                f"(id {twin.memory_id}); update or delete that one instead",
-                reason="DUPLICATE_CONTENT",
-                metadata={"id": row.memory_id, "existing_id": twin.memory_id},
-            )
-        delta = len(content) - row.content_chars
-        after = state._replace(content_chars=state.content_chars + delta)
-        # Only growth is refused: an entry may always shrink, even in
-        # a tier already over a budget that was lowered after the fact.
-        if delta > 0:
-            check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
-        return row._replace(content=content, content_chars=len(content)), after
-
-    def _put_vector(self, seq: int, content: str, vector: Vector | None) -> None:
-        """Store the embedding of a row's new content, if one was given."""
-        if vector is not None:
-            digest = _sqlite.content_digest(content)
-            self._backend.put_vector(seq, vector.model, digest, vector.data)
-
-    def _rewrite(self, row: Record) -> None:
-        """Write an edited row's fields back (inside the write transaction)."""
-        self._db.execute_sql(
-            self.tables.sql.update.sql,
-            self.tables.sql.update.params(
-                content=row.content,
-                content_chars=row.content_chars,
-                content_sha256=_sqlite.content_digest(row.content),
-                category=row.category,
-                confidence=row.confidence,
-                updated_at=row.updated_at,
-                expires_at=row.expires_at,
-                seq=row.seq,
-            ),
-        )
 
     def delete(
         self,
@@ -579,6 +516,69 @@ def _unchanged(
     if expired:
         generation = advance(tables, row.owner, Tier(row.tier), state, expired, None, now)
     return _done(row, purged.weighed(state), False, locked, generation, expired)
+
+
+def _inserted(tables: Tables, entry: NewEntry, owner: str, now: int, expires: Expires) -> Record:
+    """The new entry's row, inserted with a new id."""
+    return tables.insert(
+        str(uuid.uuid4()),
+        owner,
+        entry.tier,
+        entry.content,
+        entry.category,
+        entry.confidence,
+        now,
+        expires_at=expires.applied(None),
+    )
+
+
+def _new_content(
+    tables: Tables, row: Record, content: str, purged: Purged, policy: TierPolicy, now: int
+) -> tuple[Record, PartitionState]:
+    """The row with its new content, and its partition's state after
+    (`purged`: as the write found it): refused if another entry of the
+    tier says exactly this, or if it grows the tier past its budget."""
+    tier, state = Tier(row.tier), purged.state
+    usage = usage_of(purged.weighed(state))
+    twin = tables.identical(row.owner, tier, content, now)
+    if twin is not None:
+        raise AlreadyExists(
+            f"another entry of the {tier.label} tier already says exactly this "
+            f"(id {twin.memory_id}); update or delete that one instead",
+            reason="DUPLICATE_CONTENT",
+            metadata={"id": row.memory_id, "existing_id": twin.memory_id},
+        )
+    delta = len(content) - row.content_chars
+    after = state._replace(content_chars=state.content_chars + delta)
+    # Only growth is refused: an entry may always shrink, even in
+    # a tier already over a budget that was lowered after the fact.
+    if delta > 0:
+        check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
+    return row._replace(content=content, content_chars=len(content)), after
+
+
+def _put_vector(tables: Tables, seq: int, content: str, vector: Vector | None) -> None:
+    """Store the embedding of a row's new content, if one was given."""
+    if vector is not None:
+        digest = _sqlite.content_digest(content)
+        tables.backend.put_vector(seq, vector.model, digest, vector.data)
+
+
+def _rewrite(tables: Tables, row: Record) -> None:
+    """Write an edited row's fields back (inside the write transaction)."""
+    tables.db.execute_sql(
+        tables.sql.update.sql,
+        tables.sql.update.params(
+            content=row.content,
+            content_chars=row.content_chars,
+            content_sha256=_sqlite.content_digest(row.content),
+            category=row.category,
+            confidence=row.confidence,
+            updated_at=row.updated_at,
+            expires_at=row.expires_at,
+            seq=row.seq,
+        ),
+    )
 
 
 def _edited(row: Record, edit: Edit, expires: Expires, now: int) -> Record:
