@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,7 +43,7 @@ from sidecar.core.tokens import TokenCounter
 from sidecar.domain.erasure import Forgetting
 from sidecar.domain.expiry import AS_CONFIGURED, Expiry, Requested
 from sidecar.domain.export import Exports
-from sidecar.domain.partition import PartitionKey, Partitions
+from sidecar.domain.partition import AnyPartition, PartitionKey, Partitions
 from sidecar.domain.queries import Queries, weights
 from sidecar.domain.replication import COMPACTION, END, Replication
 from sidecar.domain.sessions import Limits, SessionTable, session_key, session_scope
@@ -360,9 +360,13 @@ class MemoryEngine:
         include_expired: bool = False,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
         return self._store.list_memories(
-            scope, tiers, category, after_seq=after_seq, limit=limit,
+            scope,
+            tiers,
+            category,
+            after_seq=after_seq,
+            limit=limit,
             include_expired=include_expired,
-        )  # fmt: skip
+        )
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         """The tiers' usage now, as the scope sees them."""
@@ -415,25 +419,7 @@ class MemoryEngine:
         settings = self.settings(scope)
         if not self.partitions.verified:
             self.partitions.verify([(tier, scope.owner(tier)) for tier in Tier])
-        session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
-        view = session.view
-        # Unverified, the feed may miss another replica's compaction: no freezing.
-        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
-        # Which of the view's partitions are still current, looked up once.
-        fresh = self._snapshots.fresh(view, scope) if view is not None else []
-        hit = (
-            view is not None
-            and (view.scope is None or view.scope == scope)
-            # A frozen view is never served past an erasure of what it shows.
-            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
-            and not self._snapshots.expired(view)
-        )
-        if not hit:
-            epoch, compacted = session.epoch, session.compacted
-            view = self._snapshots.get(scope, settings, force=compacted)
-            self._sessions.attach(session, view, epoch)
-            fresh = [True] * len(view.partitions)
-        assert view is not None
+        view, fresh, hit = self._session_view(scope, session_id, settings)
         (self._hits if hit else self._misses).inc()
 
         # The turn block always reflects the store as of now (under
@@ -453,6 +439,45 @@ class MemoryEngine:
             max_memories=max_memories,
             max_tokens=max_tokens,
         )
+        return self._injection(view, hit, turn, turn_ids, current)
+
+    def _session_view(
+        self, scope: Scope, session_id: str, settings: AgentSettings
+    ) -> tuple[View, list[bool], bool]:
+        """The view the session's turn shows, which of its partitions are
+        still current, and whether it is the session's own (a hit): the
+        view the session holds while current (or frozen), else the scope's
+        current one, now the session's."""
+        session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
+        view = session.view
+        # Unverified, the feed may miss another replica's compaction: no freezing.
+        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
+        # Which of the view's partitions are still current, looked up once.
+        fresh = self._snapshots.fresh(view, scope) if view is not None else []
+        hit = (
+            view is not None
+            and (view.scope is None or view.scope == scope)
+            # A frozen view is never served past an erasure of what it shows.
+            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
+            and not self._snapshots.expired(view)
+        )
+        if not hit:
+            epoch, compacted = session.epoch, session.compacted
+            view = self._snapshots.get(scope, settings, force=compacted)
+            self._sessions.attach(session, view, epoch)
+            fresh = [True] * len(view.partitions)
+        assert view is not None
+        return view, fresh, hit
+
+    def _injection(
+        self,
+        view: View,
+        hit: bool,
+        turn: str,
+        turn_ids: tuple[str, ...],
+        current: Mapping[Tier, AnyPartition],
+    ) -> Injection:
+        """What the turn answers, its tokens counted."""
         turn_tokens = self.tokens.count(turn)
         self._system_tokens.inc(view.system_tokens)
         self._turn_tokens.inc(turn_tokens)
