@@ -41,7 +41,7 @@ from sidecar.core.memory import Memory, Scope, Tier, Usage
 from sidecar.core.metrics import Metrics
 from sidecar.core.tokens import TokenCounter
 from sidecar.domain.erasure import Forgetting
-from sidecar.domain.expiry import AS_CONFIGURED, Expiry, Requested
+from sidecar.domain.expiry import AS_BEFORE, AS_CONFIGURED, Expiry, Requested
 from sidecar.domain.export import Exports
 from sidecar.domain.partition import AnyPartition, PartitionKey, Partitions
 from sidecar.domain.queries import Queries, weights
@@ -284,7 +284,7 @@ class MemoryEngine:
         self,
         edit: Edit,
         *,
-        expiry: Requested = AS_CONFIGURED,
+        expiry: Requested = AS_BEFORE,
         still_wanted: Wanted | None = None,
     ) -> tuple[Memory, Usage, int]:
         """Change the entry `edit` names (`expiry`: as the caller asked, by

@@ -57,9 +57,9 @@ class Requested:
         return self.expires_at is not None or self.ttl_seconds != 0 or self.clear
 
 
-# Nothing asked: the agent's default for the tier on an add (see
-# Expiry.for_add), the entry's expiry as it was on an update.
-AS_CONFIGURED = Requested()
+# Nothing asked: on an add, the agent's default for the tier (see
+# Expiry.for_add); on an update, the entry's expiry as it was.
+AS_CONFIGURED = AS_BEFORE = Requested()
 
 
 class Expiry:
