@@ -46,6 +46,7 @@ from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import MemoryEngine
 from sidecar.retrieval.embedding import Encoder
 from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry
 
 PAIRS = Path(__file__).resolve().parent / "similarity" / "pairs.jsonl"
 SPLITS = ("tuning", "held_out")
@@ -108,11 +109,11 @@ def scored(pairs: list[Pair], work: Path, encoder: Encoder | None) -> list[Score
         ids: dict[tuple[Tier, str], str] = {}
         for pair in pairs:
             if (pair.tier, pair.existing) not in ids:
-                added = engine.add(scope, pair.tier, pair.existing, "", 1.0)
+                added = engine.add(NewEntry(scope, pair.tier, pair.existing))
                 ids[(pair.tier, pair.existing)] = added.memory.id
         out = []
         for pair in pairs:
-            added = engine.add(scope, pair.tier, pair.new, "", 1.0)
+            added = engine.add(NewEntry(scope, pair.tier, pair.new))
             assert added.created, pair
             own = ids[(pair.tier, pair.existing)]
             mine = [s.score for s in added.similar if s.memory.id == own]

@@ -23,6 +23,7 @@ from sidecar.core.memory import Scope, Tier
 from sidecar.ops import cli
 from sidecar.storage.erasure import Erased, Erasure
 from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import sha256, write_tokens
 from tests.conftest import (
@@ -177,7 +178,7 @@ def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEng
     # be served from it (nothing here drops sessions, to isolate that check).
     engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
     scope = Scope("coder", "ada")
-    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    engine.add(NewEntry(scope, Tier.USER, SECRET))
     assert SECRET in engine.inject(scope, "s").system_block
     assert engine.inject(scope, "s").cache_hit
     engine.partitions.on_erased.clear()
@@ -214,7 +215,7 @@ def test_a_repeat_waits_for_the_other_replicas_too(
     assert engine.feed is not None
     waits: list[float] = []
     monkeypatch.setattr(engine.forgetting, "_sleep", waits.append)
-    engine.add(Scope("coder", "ada"), Tier.USER, SECRET, "", 1.0)
+    engine.add(NewEntry(Scope("coder", "ada"), Tier.USER, SECRET))
     engine.forgetting.forget_user("ada", actor="test")
     repeat = engine.forgetting.forget_user("ada", actor="test")
     assert repeat.erased.memories == 0
@@ -229,7 +230,7 @@ def test_an_erasure_heard_of_while_erasing_the_same_partition_is_applied(
 ) -> None:
     engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
     scope = Scope("coder", "ada")
-    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    engine.add(NewEntry(scope, Tier.USER, SECRET))
     assert SECRET in engine.inject(scope, "s").system_block
     assert engine.inject(scope, "s").cache_hit
     # Another replica erases Ada first; its feed's news arrives while this
@@ -263,7 +264,7 @@ def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
 ) -> None:
     engine, _, _ = make_engine("defaults: {snapshot_refresh: on_compaction}")
     scope = Scope("coder", "ada")
-    engine.add(scope, Tier.USER, SECRET, "", 1.0)
+    engine.add(NewEntry(scope, Tier.USER, SECRET))
     assert SECRET in engine.inject(scope, "s").system_block
     assert engine.inject(scope, "s").cache_hit
     # The janitor let go of the partition (its erasure record goes with it),

@@ -30,7 +30,8 @@ from sidecar.ops import admin
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import Expires, NewEntry, TierPolicy
 from tests.conftest import MakeSidecar, Running, WallClock, error_info, refused
 
 pytestmark = pytest.mark.contract
@@ -458,10 +459,10 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
     try:
         scope = Scope("coder", "ada")
         expires = engine.expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))
-        assert expires == to_micros(clock.now) + 60_000_000
+        assert expires == Expires.at(to_micros(clock.now) + 60_000_000)
         text = "The staging cluster is down"
-        brief = engine.add(scope, Tier.MEMORY, text, "", 1.0, expiry=Requested(ttl_seconds=60))
-        engine.add(scope, Tier.MEMORY, "The repo uses uv", "", 1.0)
+        brief = engine.add(NewEntry(scope, Tier.MEMORY, text), expiry=Requested(ttl_seconds=60))
+        engine.add(NewEntry(scope, Tier.MEMORY, "The repo uses uv"))
         assert "staging" in engine.inject(scope, "s").system_block
         assert engine.inject(scope, "s").cache_hit
 
@@ -594,7 +595,7 @@ def test_an_import_removes_expired_entries_first(tmp_path: Path) -> None:
         scope, policy = Scope("coder"), TierPolicy(60)
         soon = to_micros(clock.now) + 1_000_000
         for text in ("User's shell is fish", "x" * 35):
-            store.add(scope, Tier.MEMORY, text, "", 1.0, policy, expires_at=soon)
+            store.add(NewEntry(scope, Tier.MEMORY, text), policy, expires=Expires.at(soon))
         clock.now += timedelta(seconds=2)
         entries = [
             LegacyEntry("0b1c", "User's shell is fish", "environment", to_micros(clock.now)),

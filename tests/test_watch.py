@@ -26,7 +26,7 @@ from sidecar.api import server
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
-from sidecar.storage.store import TierPolicy
+from sidecar.storage.writes import TierPolicy
 from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract

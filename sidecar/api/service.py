@@ -36,6 +36,7 @@ from sidecar.core.memory import Memory, Scope, Tier, Usage, check_confidence, cl
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.expiry import Requested
 from sidecar.domain.tools import Tools, arguments_of
+from sidecar.storage.writes import Edit, NewEntry
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
 
@@ -237,14 +238,9 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         confidence = check_confidence(request.confidence) if request.HasField("confidence") else 1.0
         key = checked("idempotency_key", request.idempotency_key, self._limits.id_chars)
         added = self._engine.add(
-            scope,
-            tier,
-            content,
-            category,
-            confidence,
-            idempotency_key=key,
-            still_wanted=_still_wanted(context),
+            NewEntry(scope, tier, content, category, confidence, idempotency_key=key),
             expiry=requested_expiry(request),
+            still_wanted=_still_wanted(context),
         )
         return pb.AddMemoryResponse(
             memory=memory_pb(added.memory),
@@ -266,16 +262,17 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             check_confidence(request.confidence) if request.HasField("confidence") else None
         )
         category = self._category(request.category) if request.HasField("category") else None
-        memory, usage, generation = self._engine.update(
+        edit = Edit(
             scope,
             memory_id,
+            match=match,
+            tier=tier,
             content=content,
             category=category,
             confidence=confidence,
-            still_wanted=_still_wanted(context),
-            match=match,
-            tier=tier,
-            expiry=self._engine.expiry.for_update(requested_expiry(request)),
+        )
+        memory, usage, generation = self._engine.update(
+            edit, expiry=requested_expiry(request), still_wanted=_still_wanted(context)
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),

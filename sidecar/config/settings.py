@@ -44,7 +44,7 @@ from sidecar.config.rules import CHECKS
 from sidecar.core.errors import ConfigError
 from sidecar.core.limits import Limits
 from sidecar.core.memory import Tier
-from sidecar.storage.store import TierPolicy
+from sidecar.storage.writes import TierPolicy
 
 ENV_PREFIX = "MEMORY_SIDECAR_"
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,9 +41,9 @@ from sidecar.core.memory import Memory, Scope, Tier, Usage
 from sidecar.core.metrics import Metrics
 from sidecar.core.tokens import TokenCounter
 from sidecar.domain.erasure import Forgetting
-from sidecar.domain.expiry import AS_CONFIGURED, Expiry, Requested
+from sidecar.domain.expiry import AS_BEFORE, AS_CONFIGURED, Expiry, Requested
 from sidecar.domain.export import Exports
-from sidecar.domain.partition import PartitionKey, Partitions
+from sidecar.domain.partition import AnyPartition, PartitionKey, Partitions
 from sidecar.domain.queries import Queries, weights
 from sidecar.domain.replication import COMPACTION, END, Replication
 from sidecar.domain.sessions import Limits, SessionTable, session_key, session_scope
@@ -57,8 +57,9 @@ from sidecar.retrieval.keywords import keywords
 from sidecar.retrieval.ranking import rank
 from sidecar.retrieval.semantic import Floats, Semantic
 from sidecar.retrieval.similarity import Similar
-from sidecar.storage.store import Store, Wanted
+from sidecar.storage.store import Store
 from sidecar.storage.vectors import Vector
+from sidecar.storage.writes import Edit, NewEntry, Wanted
 
 log = logging.getLogger("sidecar.engine")
 
@@ -239,22 +240,20 @@ class MemoryEngine:
 
     def add(
         self,
-        scope: Scope,
-        tier: Tier,
-        content: str,
-        category: str,
-        confidence: float,
+        entry: NewEntry,
         *,
-        idempotency_key: str = "",
-        still_wanted: Wanted | None = None,
         expiry: Requested = AS_CONFIGURED,
+        still_wanted: Wanted | None = None,
     ) -> Added:
+        """Screen and store a new entry (`expiry`: as the caller asked, by
+        default the agent's for the tier)."""
+        scope, tier, content = entry.scope, entry.tier, entry.content
         # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
-        expires_at = self.expiry.for_add(scope, tier, expiry)
+        expires = self.expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
         _require_user(settings, scope, tier)
         _screen(self._metrics, settings, "content", content)
-        _screen(self._metrics, settings, "category", category)
+        _screen(self._metrics, settings, "category", entry.category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
         similar = self._queries.near_duplicates(settings, self.partitions, key, content, held)
@@ -269,16 +268,11 @@ class MemoryEngine:
             )
         with self.partitions.writing([key]), self._counting_rejections():
             written = self._store.add(
-                scope,
-                tier,
-                content,
-                category,
-                confidence,
+                entry,
                 settings.policy(tier),
-                idempotency_key=idempotency_key,
+                expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
-                expires_at=expires_at,
             )
             self.partitions.added(key, written)
             if self.semantic is not None:
@@ -288,41 +282,29 @@ class MemoryEngine:
 
     def update(
         self,
-        scope: Scope,
-        memory_id: str,
+        edit: Edit,
         *,
-        content: str | None,
-        category: str | None,
-        confidence: float | None,
+        expiry: Requested = AS_BEFORE,
         still_wanted: Wanted | None = None,
-        match: str = "",
-        tier: Tier = Tier.MEMORY,
-        expiry: tuple[int | None, bool] = (None, False),
     ) -> tuple[Memory, Usage, int]:
-        """Change the entry named by `memory_id`, or (with `match`, and
-        memory_id "") the one entry of `tier` whose content holds `match`
-        (`expiry`: Expiry.for_update's); the entry, usage, generation written."""
+        """Change the entry `edit` names (`expiry`: as the caller asked, by
+        default as it was); the entry, usage, generation written."""
+        expires = self.expiry.for_update(expiry)
+        scope, content = edit.scope, edit.content
         settings = self.settings(scope)
         if content is not None:
             _screen(self._metrics, settings, "content", content)
-        if category is not None:
-            _screen(self._metrics, settings, "category", category)
-        keys = _edited_partitions(scope, match, tier)
+        if edit.category is not None:
+            _screen(self._metrics, settings, "category", edit.category)
+        keys = _edited_partitions(scope, edit.match, edit.tier)
         stored, held = self._embedding(content, keys)
         with self.partitions.writing(keys), self._counting_rejections():
             written = self._store.update(
-                scope,
-                memory_id,
+                edit,
                 settings.policies(),
-                content=content,
-                category=category,
-                confidence=confidence,
+                expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
-                match=match,
-                tier=tier,
-                expires_at=expiry[0],
-                clear_expiry=expiry[1],
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
@@ -378,9 +360,13 @@ class MemoryEngine:
         include_expired: bool = False,
     ) -> tuple[list[Memory], dict[Tier, Usage]]:
         return self._store.list_memories(
-            scope, tiers, category, after_seq=after_seq, limit=limit,
+            scope,
+            tiers,
+            category,
+            after_seq=after_seq,
+            limit=limit,
             include_expired=include_expired,
-        )  # fmt: skip
+        )
 
     def usage(self, scope: Scope, tiers: Sequence[Tier]) -> dict[Tier, Usage]:
         """The tiers' usage now, as the scope sees them."""
@@ -433,25 +419,7 @@ class MemoryEngine:
         settings = self.settings(scope)
         if not self.partitions.verified:
             self.partitions.verify([(tier, scope.owner(tier)) for tier in Tier])
-        session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
-        view = session.view
-        # Unverified, the feed may miss another replica's compaction: no freezing.
-        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
-        # Which of the view's partitions are still current, looked up once.
-        fresh = self._snapshots.fresh(view, scope) if view is not None else []
-        hit = (
-            view is not None
-            and (view.scope is None or view.scope == scope)
-            # A frozen view is never served past an erasure of what it shows.
-            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
-            and not self._snapshots.expired(view)
-        )
-        if not hit:
-            epoch, compacted = session.epoch, session.compacted
-            view = self._snapshots.get(scope, settings, force=compacted)
-            self._sessions.attach(session, view, epoch)
-            fresh = [True] * len(view.partitions)
-        assert view is not None
+        view, fresh, hit = self._session_view(scope, session_id, settings)
         (self._hits if hit else self._misses).inc()
 
         # The turn block always reflects the store as of now (under
@@ -471,6 +439,45 @@ class MemoryEngine:
             max_memories=max_memories,
             max_tokens=max_tokens,
         )
+        return self._injection(view, hit, turn, turn_ids, current)
+
+    def _session_view(
+        self, scope: Scope, session_id: str, settings: AgentSettings
+    ) -> tuple[View, list[bool], bool]:
+        """The view the session's turn shows, which of its partitions are
+        still current, and whether it is the session's own (a hit): the
+        view the session holds while current (or frozen), else the scope's
+        current one, now the session's."""
+        session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
+        view = session.view
+        # Unverified, the feed may miss another replica's compaction: no freezing.
+        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
+        # Which of the view's partitions are still current, looked up once.
+        fresh = self._snapshots.fresh(view, scope) if view is not None else []
+        hit = (
+            view is not None
+            and (view.scope is None or view.scope == scope)
+            # A frozen view is never served past an erasure of what it shows.
+            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
+            and not self._snapshots.expired(view)
+        )
+        if not hit:
+            epoch, compacted = session.epoch, session.compacted
+            view = self._snapshots.get(scope, settings, force=compacted)
+            self._sessions.attach(session, view, epoch)
+            fresh = [True] * len(view.partitions)
+        assert view is not None
+        return view, fresh, hit
+
+    def _injection(
+        self,
+        view: View,
+        hit: bool,
+        turn: str,
+        turn_ids: tuple[str, ...],
+        current: Mapping[Tier, AnyPartition],
+    ) -> Injection:
+        """What the turn answers, its tokens counted."""
         turn_tokens = self.tokens.count(turn)
         self._system_tokens.inc(view.system_tokens)
         self._turn_tokens.inc(turn_tokens)

@@ -16,9 +16,9 @@ transaction per partition (its state row locked, an `expire` event per
 entry, the generation advanced so other replicas hear of it through the
 change feed), then updates this process's caches as a delete does.
 
-Owns: resolving and checking requested expiries, the sweep's steps.
-Must not touch: gRPC or protobuf (sidecar.api.service converts them), SQL
-(sidecar.storage.expiry).
+Owns: resolving and checking requested expiries (a write's `Expires`, made
+here only), the sweep's steps. Must not touch: gRPC or protobuf
+(sidecar.api.service converts them), SQL (sidecar.storage.expiry).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.partition import Partitions
 from sidecar.storage.store import Store
+from sidecar.storage.writes import Expires
 
 log = logging.getLogger("sidecar.expiry")
 
@@ -56,8 +57,9 @@ class Requested:
         return self.expires_at is not None or self.ttl_seconds != 0 or self.clear
 
 
-# Nothing asked: the agent's default for the tier (see Expiry.for_add).
-AS_CONFIGURED = Requested()
+# Nothing asked: on an add, the agent's default for the tier (see
+# Expiry.for_add); on an update, the entry's expiry as it was.
+AS_CONFIGURED = AS_BEFORE = Requested()
 
 
 class Expiry:
@@ -77,24 +79,26 @@ class Expiry:
 
     # --- what a write asks for ------------------------------------------------
 
-    def for_add(self, scope: Scope, tier: Tier, requested: Requested) -> int | None:
-        """When a new entry expires (microseconds; None: never): as asked,
-        else the agent's default for the tier."""
+    def for_add(self, scope: Scope, tier: Tier, requested: Requested) -> Expires:
+        """When a new entry expires: as asked, else the agent's default for
+        the tier."""
         if requested.given:
-            return self._checked(requested)
+            return Expires.at(self._checked(requested))
         settings = self._config.for_agent(scope.agent_id)
         ttl = settings.memory_ttl_seconds if tier is Tier.MEMORY else settings.user_ttl_seconds
-        return self.now() + ttl * 1_000_000 if ttl else None
+        return Expires.at(self.now() + ttl * 1_000_000) if ttl else Expires.never()
 
-    def for_update(self, requested: Requested) -> tuple[int | None, bool]:
-        """(the new expiry, whether to clear it); (None, False) leaves it."""
+    def for_update(self, requested: Requested) -> Expires:
+        """When a changed entry expires: as asked, never (`clear`), or, when
+        nothing is asked, as before."""
         if requested.clear and (requested.expires_at is not None or requested.ttl_seconds):
             raise _conflict("clear_expiry")
         if requested.clear:
-            return None, True
-        return (self._checked(requested), False) if requested.given else (None, False)
+            return Expires.never()
+        return Expires.at(self._checked(requested)) if requested.given else Expires.unchanged()
 
     def _checked(self, requested: Requested) -> int:
+        """The asked expiry in microseconds, refused when out of range."""
         if requested.expires_at is not None and requested.ttl_seconds:
             raise _conflict("ttl_seconds")
         now = self.now()

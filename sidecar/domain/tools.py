@@ -49,6 +49,7 @@ from sidecar.core.errors import (
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
 from sidecar.retrieval import blocks
+from sidecar.storage.writes import Edit, NewEntry
 
 if TYPE_CHECKING:
     # Annotations only: `memory-sidecar mcp` (a bridge to a daemon over gRPC)
@@ -328,7 +329,7 @@ class Tools:
             content = self._content(_text(arguments, "content", required=True))
             if arguments.get("old_text"):
                 raise _ArgumentError("`old_text` is for replace and remove; add takes content")
-            added = self._engine.add(scope, tier, content, "", 1.0)
+            added = self._engine.add(NewEntry(scope, tier, content))
             memory, usage = added.memory, added.usage
             verb = "Saved to" if added.created else "Already saved (an identical entry) in"
             text = f"{verb} {label} {_usage_text(usage, limit)}: {memory.content}"
@@ -346,15 +347,8 @@ class Tools:
         old_text = self._old_text(_text(arguments, "old_text", required=True))
         if action == "replace":
             content = self._content(_text(arguments, "content", required=True))
-            memory, usage, _ = self._engine.update(
-                scope,
-                "",
-                content=content,
-                category=None,
-                confidence=None,
-                match=old_text,
-                tier=tier,
-            )
+            edit = Edit(scope, match=old_text, tier=tier, content=content)
+            memory, usage, _ = self._engine.update(edit)
             return ToolResult(
                 f"Replaced in {label} {_usage_text(usage, limit)}: now {memory.content!r}",
                 self._outcome(action, memory, usage, limit),

@@ -43,7 +43,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol
 
@@ -207,60 +207,19 @@ class Watch:
         With `within` (the tier and id of the last event received), the
         rest of generation `after` comes first: a stream cut inside it."""
         hub = self._hub
-        log_ = hub.log
         if after < 0:
             raise _bad_generation(after)
-        # Events up to `began` were logged before the watch began: catching
-        # up on them is never "too slow", however many there are. From now
-        # on, that is the Sync point itself.
-        began: int | None = None
-        if after == 0:
-            cursor = began = log_.settled(self.keys)
-            yield Sync(cursor)
-            sent = cursor
-        else:
-            newest = log_.newest()
-            if after > newest:
-                raise FailedPrecondition(
-                    f"after_generation {after} is ahead of this database (its newest "
-                    f"generation is {newest}): it comes from another database, or one "
-                    "restored from a backup; export the scope and watch from now on (0)",
-                    reason=Reason.WATCH_GENERATION_AHEAD,
-                    metadata={"after_generation": after, "newest_generation": newest},
-                )
-            cursor = sent = after
-            if within is not None:
-                rest = log_.rest(self.keys, after, within)
-                # Generation `after` itself must still be held.
-                if rest.horizon >= after:
-                    raise _pruned(after, rest.horizon)
-                yield from rest.events
+        cursor, sent, began = yield from self._opening(after, within)
         # When the next bookmark is due (a monotonic time).
         due = time.monotonic() + hub.bookmark
         while True:
             self.signal.clear()
-            through = log_.settled(self.keys)
+            through = hub.log.settled(self.keys)
             began = through if began is None else began
-            while cursor < through:
-                batch = log_.read(self.keys, cursor, through, hub.batch)
-                if batch.horizon > cursor:
-                    raise _pruned(cursor, batch.horizon)
-                yield from batch.events
-                if batch.events:
-                    sent = batch.events[-1].generation
-                cursor = batch.through
-                if self.cancelled:
-                    return
-                if hub.stopping:
-                    raise _stopping(cursor)
-                # Every send of the batch has returned. With news since it
-                # was read (or none to trust), count what was logged after
-                # the watch began and not sent yet: the bounded buffer a
-                # watcher that keeps up never fills.
-                if self.signal.is_set() or not hub.verified():
-                    behind = log_.backlog(self.keys, max(cursor, began), hub.buffer + 1)
-                    if behind > hub.buffer:
-                        raise _too_slow(cursor, hub.buffer)
+            caught = yield from self._caught_up(cursor, through, began, sent)
+            if caught is None:
+                return
+            cursor, sent = caught
             if time.monotonic() >= due:
                 # The client's resume point, if the cursor moved past it.
                 if cursor > sent:
@@ -269,6 +228,69 @@ class Watch:
                 due = time.monotonic() + hub.bookmark
             if not self._wait(cursor, due):
                 return
+
+    def _opening(
+        self, after: int, within: Key | None
+    ) -> Generator[Event | Sync, None, tuple[int, int, int | None]]:
+        """The watch's first sends: a Sync at the settled bound from now on
+        (`after` 0), else the rest of generation `after` if `within` says
+        where a stream was cut. Returns the cursor, the generation last
+        sent, and `began` when the watch began at the Sync."""
+        log_ = self._hub.log
+        # Events up to `began` were logged before the watch began: catching
+        # up on them is never "too slow", however many there are. From now
+        # on, that is the Sync point itself.
+        if after == 0:
+            cursor = log_.settled(self.keys)
+            yield Sync(cursor)
+            return cursor, cursor, cursor
+        newest = log_.newest()
+        if after > newest:
+            raise FailedPrecondition(
+                f"after_generation {after} is ahead of this database (its newest "
+                f"generation is {newest}): it comes from another database, or one "
+                "restored from a backup; export the scope and watch from now on (0)",
+                reason=Reason.WATCH_GENERATION_AHEAD,
+                metadata={"after_generation": after, "newest_generation": newest},
+            )
+        if within is not None:
+            rest = log_.rest(self.keys, after, within)
+            # Generation `after` itself must still be held.
+            if rest.horizon >= after:
+                raise _pruned(after, rest.horizon)
+            yield from rest.events
+        return after, after, None
+
+    def _caught_up(
+        self, cursor: int, through: int, began: int, sent: int
+    ) -> Generator[Event, None, tuple[int, int] | None]:
+        """The events after `cursor` up to `through`, a batch at a time;
+        returns the cursor and the generation last sent, or None once the
+        caller is gone. Ends the watch if the log was pruned past the
+        cursor, the server stops, or the watcher falls too far behind."""
+        hub = self._hub
+        log_ = hub.log
+        while cursor < through:
+            batch = log_.read(self.keys, cursor, through, hub.batch)
+            if batch.horizon > cursor:
+                raise _pruned(cursor, batch.horizon)
+            yield from batch.events
+            if batch.events:
+                sent = batch.events[-1].generation
+            cursor = batch.through
+            if self.cancelled:
+                return None
+            if hub.stopping:
+                raise _stopping(cursor)
+            # Every send of the batch has returned. With news since it
+            # was read (or none to trust), count what was logged after
+            # the watch began and not sent yet: the bounded buffer a
+            # watcher that keeps up never fills.
+            if self.signal.is_set() or not hub.verified():
+                behind = log_.backlog(self.keys, max(cursor, began), hub.buffer + 1)
+                if behind > hub.buffer:
+                    raise _too_slow(cursor, hub.buffer)
+        return cursor, sent
 
     def _wait(self, cursor: int, due: float) -> bool:
         """Sleep until woken or a bookmark is due; False when the caller

@@ -3,8 +3,15 @@ row-level steps every write takes inside its transaction.
 
 Store builds one Tables in __init__ and hands it to IndexStore and
 VectorStore; sidecar.storage.archive reaches it as `store.tables`. Private to the
-storage modules (store, schema, index_store, vector_store, archive), the
-only code that touches Peewee: nothing above them may use it.
+storage modules (store, index, vectors, expiry, events, erasure, archive),
+the only code that touches Peewee: nothing above them may use it.
+
+Owns: Tables (the models bound to one database, the prepared statements,
+the steps a write takes on rows: insert, find by id or match, advance,
+log), and the row-to-Memory mapping (to_memory, usage_of). Must not touch:
+transactions or locks (each caller opens its own, and calls inside it),
+the budget and the writes' other checks (sidecar.storage.store,
+sidecar.storage.writes), anything above the storage layer.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 another store's entries (cagent's memory.db), and the JSON-lines export
 format (one line per entry) with the streamed reads ExportMemories makes.
 
-Module functions taking a Store, not a class the store builds: importing
-applies the calling agent's TierPolicy, which sidecar.storage.store defines, so this
-module sits above the store and the store never imports it (no cycle). They
+Module functions taking a Store, not a class the store builds: they write
+through the store's handle, so this module sits above the store and the
+store never imports it (no cycle). They
 use the store's shared handle (`store.tables`) as the store's own methods
 do. One of the storage modules, the only code that touches Peewee (see
 sidecar.storage.store); it never imports the engine, service, server, ranking or
@@ -41,9 +41,10 @@ from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, check_conf
 from sidecar.storage import schema
 from sidecar.storage._backend import ROWS_PER_INSERT, PartitionState
 from sidecar.storage._statements import Record, record_of, unexpired
-from sidecar.storage._tables import to_memory, usage_of
-from sidecar.storage.expiry import advance, purge_bounded
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage._tables import Tables, to_memory, usage_of
+from sidecar.storage.expiry import Purged, advance, purge_bounded
+from sidecar.storage.store import Store
+from sidecar.storage.writes import TierPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,24 +285,10 @@ def import_entries(
         used, count = weighed.used_chars, weighed.entry_count
         chars, rows = state.content_chars, state.entry_count
         for entry in entries:
-            if not entry.content:
-                report.skipped.append((entry, "empty content"))
-                continue
-            if tables.taken(entry.id):
-                report.skipped.append((entry, "id already present"))
-                continue
-            if tables.identical(owner, tier, entry.content, now) is not None:
-                report.skipped.append((entry, "identical entry already present"))
-                continue
             added = len(entry.content) + (SEPARATOR_CHARS if count else 0)
-            if policy.limit_chars and used + added > policy.limit_chars:
-                report.skipped.append(
-                    (
-                        entry,
-                        f"does not fit: needs {added:,} chars, "
-                        f"{max(policy.limit_chars - used, 0):,} free",
-                    )
-                )
+            reason = _left_out(tables, owner, tier, entry, now, policy, used, added)
+            if reason:
+                report.skipped.append((entry, reason))
                 continue
             tables.insert(
                 entry.id,
@@ -316,17 +303,54 @@ def import_entries(
             rows += 1
             report.imported.append(entry)
         after = state._replace(content_chars=chars, entry_count=rows)
-        if report.imported:
-            # A bulk write: no seqs, so the tier's compact index is dropped.
-            generation = tables.advance(owner, tier, after)
-            for gone in purged.removed:
-                tables.logged(owner, tier, generation, "expire", gone.memory_id, now)
-            # Logged as every write's are: a mirror built from WatchMemories
-            # sees imported entries too (imports run while the daemon does).
-            for imported in report.imported:
-                tables.logged(owner, tier, generation, "add", imported.id, now)
-        elif purged.removed:
-            advance(tables, owner, tier, after, purged.removed, None, now)
+        _advance_imported(tables, owner, tier, after, purged, report.imported, now)
     if report.imported:
         schema.analyze(backend)
     return report
+
+
+def _left_out(
+    tables: Tables,
+    owner: str,
+    tier: Tier,
+    entry: LegacyEntry,
+    now: int,
+    policy: TierPolicy,
+    used: int,
+    added: int,
+) -> str:
+    """Why an entry is not imported ("": it is), the tier using `used`
+    chars and the entry adding `added`."""
+    if not entry.content:
+        return "empty content"
+    if tables.taken(entry.id):
+        return "id already present"
+    if tables.identical(owner, tier, entry.content, now) is not None:
+        return "identical entry already present"
+    if policy.limit_chars and used + added > policy.limit_chars:
+        return f"does not fit: needs {added:,} chars, {max(policy.limit_chars - used, 0):,} free"
+    return ""
+
+
+def _advance_imported(
+    tables: Tables,
+    owner: str,
+    tier: Tier,
+    after: PartitionState,
+    purged: Purged,
+    imported: Sequence[LegacyEntry],
+    now: int,
+) -> None:
+    """Advance the partition past an import (and the expired rows it
+    removed first), logging an event per entry removed and added."""
+    if imported:
+        # A bulk write: no seqs, so the tier's compact index is dropped.
+        generation = tables.advance(owner, tier, after)
+        for gone in purged.removed:
+            tables.logged(owner, tier, generation, "expire", gone.memory_id, now)
+        # Logged as every write's are: a mirror built from WatchMemories
+        # sees imported entries too (imports run while the daemon does).
+        for entry in imported:
+            tables.logged(owner, tier, generation, "add", entry.id, now)
+    elif purged.removed:
+        advance(tables, owner, tier, after, purged.removed, None, now)

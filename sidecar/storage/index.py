@@ -8,6 +8,12 @@ only code that touches Peewee (see sidecar.storage.store).
 
 Like the store's, every method opens a pooled connection for its own
 duration. Every write locks the partition's state row (see sidecar.storage._backend).
+
+Owns: IndexStore (a partition's persisted index bytes, the switch that
+starts and stops logging its changes, the changes read since a save) and
+IndexSource. Must not touch: the index's format or building it
+(sidecar.retrieval.compact, sidecar.retrieval.index_format), when to save
+one (sidecar.domain.index), the entries' rows beyond reading them.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ sidecar.storage._postgres); this module reads the version a database is at and r
 the steps newer than it. One of the storage modules, the only code that
 touches Peewee (see sidecar.storage.store); it imports none of the others but the
 private helpers.
+
+Owns: the Peewee models (_Row, _Key) and their binding to one database,
+SCHEMA_VERSION, reading a database's version and migrating it, ANALYZE
+after a bulk write. Must not touch: the migrations' SQL (the backends'),
+reads or writes of entries (sidecar.storage.store and its neighbours).
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
 """The store: tiered memories in one database, written within each tier's
-budget. Store owns the lifecycle, the writes and the reads of entries and
-usage; beside it, sharing the handle it builds (sidecar.storage._tables), are
-sidecar.storage.schema (models, migrations), sidecar.storage.index (`store.indexes`),
-sidecar.storage.vectors (`store.vectors`) and sidecar.storage.archive (backup, dump,
-restore, import). These storage modules and their private helpers (_tables,
-_backend, _sqlite, _postgres, _statements) are the only code that touches
-Peewee, and none imports the engine, service, server, ranking or compact.
+budget, a write taken as one value (sidecar.storage.writes). Beside it,
+sharing the handle it builds (sidecar.storage._tables), are the other storage
+modules: schema, index (`store.indexes`), vectors (`store.vectors`), expiry,
+events, erasure, and archive (backup, dump, restore, import).
 
 Every public method opens a pooled connection for its own duration, so the
 store is safe to call from any thread. Every write locks its partition's
 state row (see sidecar.storage._backend), checks the budget and duplicates against
 it, and advances it in the same transaction, so concurrent writers, in this
 process or any other, can never push a tier over its budget together.
+
+Owns: Store (its backend, lifecycle, the writes and reads of entries, usage,
+idempotency keys). Must not touch: the engine, service, server, ranking or
+compact; with its neighbours and private helpers (_tables, _backend,
+_sqlite, _postgres, _statements) the only code that touches Peewee.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from peewee import fn
@@ -29,8 +30,6 @@ from peewee import fn
 from sidecar.core.clock import Clock, system_clock, to_micros
 from sidecar.core.errors import (
     AlreadyExists,
-    BudgetExceeded,
-    CallerGone,
     DataLoss,
     FailedPrecondition,
     InvalidArgument,
@@ -61,6 +60,18 @@ from sidecar.storage.expiry import (
 from sidecar.storage.index import IndexStore
 from sidecar.storage.schema import _Row
 from sidecar.storage.vectors import Vector, VectorStore
+from sidecar.storage.writes import (
+    NEVER,
+    UNCHANGED,
+    Edit,
+    Expires,
+    NewEntry,
+    TierPolicy,
+    Wanted,
+    check_budget,
+    require_caller,
+    require_enabled,
+)
 
 log = logging.getLogger("sidecar.store")
 
@@ -69,15 +80,6 @@ CLOSE_WAIT_SECONDS = 5.0
 
 # How long AddMemory remembers an idempotency key.
 IDEMPOTENCY_TTL_MICROS = 24 * 3600 * 1_000_000
-Wanted = Callable[[], bool]
-
-
-@dataclass(frozen=True, slots=True)
-class TierPolicy:
-    """What the calling agent's configuration says about one tier."""
-
-    limit_chars: int
-    enabled: bool = True
 
 
 class Written(NamedTuple):
@@ -113,7 +115,7 @@ class Store:
     given apart so that it never appears where the DSN is shown).
 
     >>> store = Store("memory.db"); store.open()
-    >>> written = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0, TierPolicy(2200))
+    >>> written = store.add(NewEntry(Scope("agent"), Tier.MEMORY, "uses uv"), TierPolicy(2200))
     """
 
     def __init__(
@@ -266,53 +268,43 @@ class Store:
 
     def add(
         self,
-        scope: Scope,
-        tier: Tier,
-        content: str,
-        category: str,
-        confidence: float,
+        entry: NewEntry,
         policy: TierPolicy,
         *,
-        idempotency_key: str = "",
+        expires: Expires = NEVER,
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
-        expires_at: int | None = None,
     ) -> Written:
-        """Store an entry (`expires_at`: microseconds, None never); say
-        what was stored and whether it is new.
+        """Store an entry (`vector`: its embedding); say what was stored and
+        whether it is new.
 
         Content identical to an entry of the same scope and tier returns that
         entry unchanged (created = False), and so does a retry carrying the
         idempotency key of an earlier add.
         """
-        _require_enabled(tier, policy)
-        owner = scope.owner(tier)
+        tier, content, key = entry.tier, entry.content, entry.idempotency_key
+        require_enabled(tier, policy)
+        owner = entry.scope.owner(tier)
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
             locked = self._backend.lock_partition(owner, tier.value)
-            _require_caller(still_wanted)
+            require_caller(still_wanted)
             now = to_micros(self._clock())
             purged = purge_bounded(self.tables, owner, tier, locked, now, self.expiry.batch)
             state, expired = purged.state, purged.removed
             usage = usage_of(purged.weighed(state))
-            if idempotency_key:
-                earlier = _replay(self.tables, owner, tier, idempotency_key, content, now)
+            if key:
+                earlier = _replay(self.tables, owner, tier, key, content, now)
                 if earlier is not None:
                     return _unchanged(self.tables, earlier, locked, purged, now)
             existing = self.tables.identical(owner, tier, content, now)
             if existing is not None:
-                key, known = idempotency_key, existing.memory_id
-                _remember(self.tables, owner, tier, key, known, content, now)
+                _remember(self.tables, owner, tier, key, existing.memory_id, content, now)
                 return _unchanged(self.tables, existing, locked, purged, now)
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
-            _check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
-            row = self.tables.insert(
-                str(uuid.uuid4()), owner, tier, content, category, confidence, now,
-                expires_at=expires_at,
-            )  # fmt: skip
-            if vector is not None:
-                digest = _sqlite.content_digest(content)
-                self._backend.put_vector(row.seq, vector.model, digest, vector.data)
-            _remember(self.tables, owner, tier, idempotency_key, row.memory_id, content, now)
+            check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
+            row = _inserted(self.tables, entry, owner, now, expires)
+            _put_vector(self.tables, row.seq, content, vector)
+            _remember(self.tables, owner, tier, key, row.memory_id, content, now)
             after = state._replace(
                 content_chars=state.content_chars + len(content),
                 entry_count=state.entry_count + 1,
@@ -323,78 +315,35 @@ class Store:
 
     def update(
         self,
-        scope: Scope,
-        memory_id: str,
+        edit: Edit,
         policies: Mapping[Tier, TierPolicy],
         *,
-        content: str | None = None,
-        category: str | None = None,
-        confidence: float | None = None,
+        expires: Expires = UNCHANGED,
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
-        match: str = "",
-        tier: Tier = Tier.MEMORY,
-        expires_at: int | None = None,
-        clear_expiry: bool = False,
     ) -> Written:
-        """Change the given fields of an entry of this scope, named by id or
-        by `match` in `tier` (see Tables.edited) (`vector`: the new
-        content's embedding, stored if the content changes; `expires_at`:
-        a new expiry, `clear_expiry`: none).
+        """Change the fields `edit` gives of the entry it names (see
+        Tables.edited) and its expiry (`vector`: the new content's
+        embedding, stored if the content changes).
 
         Content identical to another entry of the same tier is refused
         (ALREADY_EXISTS, naming that entry): two entries never say the same.
         """
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
-            row, locked = self.tables.edited(scope, memory_id, match, tier)
-            _require_caller(still_wanted)
+            row, locked = self.tables.edited(edit.scope, edit.memory_id, edit.match, edit.tier)
+            require_caller(still_wanted)
             tier = Tier(row.tier)
             now = to_micros(self._clock())
             purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
             state, expired = purged.state, purged.removed
             policy = policies[tier]
-            _require_enabled(tier, policy)
-            usage = usage_of(purged.weighed(state))
+            require_enabled(tier, policy)
             after = state
-            if content is not None and content != row.content:
-                twin = self.tables.identical(row.owner, tier, content, now)
-                if twin is not None:
-                    raise AlreadyExists(
-                        f"another entry of the {tier.label} tier already says exactly this "
-                        f"(id {twin.memory_id}); update or delete that one instead",
-                        reason=Reason.DUPLICATE_CONTENT,
-                        metadata={"id": row.memory_id, "existing_id": twin.memory_id},
-                    )
-                delta = len(content) - row.content_chars
-                after = state._replace(content_chars=state.content_chars + delta)
-                # Only growth is refused: an entry may always shrink, even in
-                # a tier already over a budget that was lowered after the fact.
-                if delta > 0:
-                    _check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
-                row = row._replace(content=content, content_chars=len(content))
-                if vector is not None:
-                    digest = _sqlite.content_digest(content)
-                    self._backend.put_vector(row.seq, vector.model, digest, vector.data)
-            if category is not None:
-                row = row._replace(category=category)
-            if confidence is not None:
-                row = row._replace(confidence=float(confidence))
-            if expires_at is not None or clear_expiry:
-                row = row._replace(expires_at=expires_at)
-            row = row._replace(updated_at=now)
-            self._db.execute_sql(
-                self.tables.sql.update.sql,
-                self.tables.sql.update.params(
-                    content=row.content,
-                    content_chars=row.content_chars,
-                    content_sha256=_sqlite.content_digest(row.content),
-                    category=row.category,
-                    confidence=row.confidence,
-                    updated_at=row.updated_at,
-                    expires_at=row.expires_at,
-                    seq=row.seq,
-                ),
-            )
+            if edit.content is not None and edit.content != row.content:
+                row, after = _new_content(self.tables, row, edit.content, purged, policy, now)
+                _put_vector(self.tables, row.seq, edit.content, vector)
+            row = _edited(row, edit, expires, now)
+            _rewrite(self.tables, row)
             generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
             return _done(row, purged.weighed(after), False, locked, generation, expired)
@@ -412,7 +361,7 @@ class Store:
         `tier`, as update does; the memory is as it was."""
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
             row, locked = self.tables.edited(scope, memory_id, match, tier)
-            _require_caller(still_wanted)
+            require_caller(still_wanted)
             now = to_micros(self._clock())
             purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
             state, expired = purged.state, purged.removed
@@ -570,39 +519,81 @@ def _unchanged(
     return _done(row, purged.weighed(state), False, locked, generation, expired)
 
 
+def _inserted(tables: Tables, entry: NewEntry, owner: str, now: int, expires: Expires) -> Record:
+    """The new entry's row, inserted with a new id."""
+    return tables.insert(
+        str(uuid.uuid4()),
+        owner,
+        entry.tier,
+        entry.content,
+        entry.category,
+        entry.confidence,
+        now,
+        expires_at=expires.applied(None),
+    )
+
+
+def _new_content(
+    tables: Tables, row: Record, content: str, purged: Purged, policy: TierPolicy, now: int
+) -> tuple[Record, PartitionState]:
+    """The row with its new content, and its partition's state after
+    (`purged`: as the write found it): refused if another entry of the
+    tier says exactly this, or if it grows the tier past its budget."""
+    tier, state = Tier(row.tier), purged.state
+    usage = usage_of(purged.weighed(state))
+    twin = tables.identical(row.owner, tier, content, now)
+    if twin is not None:
+        raise AlreadyExists(
+            f"another entry of the {tier.label} tier already says exactly this "
+            f"(id {twin.memory_id}); update or delete that one instead",
+            reason=Reason.DUPLICATE_CONTENT,
+            metadata={"id": row.memory_id, "existing_id": twin.memory_id},
+        )
+    delta = len(content) - row.content_chars
+    after = state._replace(content_chars=state.content_chars + delta)
+    # Only growth is refused: an entry may always shrink, even in
+    # a tier already over a budget that was lowered after the fact.
+    if delta > 0:
+        check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
+    return row._replace(content=content, content_chars=len(content)), after
+
+
+def _put_vector(tables: Tables, seq: int, content: str, vector: Vector | None) -> None:
+    """Store the embedding of a row's new content, if one was given."""
+    if vector is not None:
+        digest = _sqlite.content_digest(content)
+        tables.backend.put_vector(seq, vector.model, digest, vector.data)
+
+
+def _rewrite(tables: Tables, row: Record) -> None:
+    """Write an edited row's fields back (inside the write transaction)."""
+    tables.db.execute_sql(
+        tables.sql.update.sql,
+        tables.sql.update.params(
+            content=row.content,
+            content_chars=row.content_chars,
+            content_sha256=_sqlite.content_digest(row.content),
+            category=row.category,
+            confidence=row.confidence,
+            updated_at=row.updated_at,
+            expires_at=row.expires_at,
+            seq=row.seq,
+        ),
+    )
+
+
+def _edited(row: Record, edit: Edit, expires: Expires, now: int) -> Record:
+    """The row with the edit's other fields and expiry, updated now."""
+    if edit.category is not None:
+        row = row._replace(category=edit.category)
+    if edit.confidence is not None:
+        row = row._replace(confidence=float(edit.confidence))
+    return row._replace(expires_at=expires.applied(row.expires_at), updated_at=now)
+
+
 def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
     clause: Any = None
     for tier in tiers:
         part = (Row.tier == tier.value) & (Row.owner == scope.owner(tier))
         clause = part if clause is None else (clause | part)
     return clause
-
-
-def _require_caller(still_wanted: Wanted | None) -> None:
-    """Refuse to write for a caller that has gone.
-
-    Checked after the write lock is taken: a call that waited on the lock
-    past its deadline, or was cancelled, changes nothing.
-    """
-    if still_wanted is not None and not still_wanted():
-        raise CallerGone("the caller cancelled or its deadline passed; nothing was written")
-
-
-def _require_enabled(tier: Tier, policy: TierPolicy) -> None:
-    if not policy.enabled:
-        raise FailedPrecondition(
-            f"the {tier.label} tier is disabled for this agent; writes to it are refused",
-            reason=Reason.TIER_DISABLED,
-            metadata={"tier": tier.value},
-        )
-
-
-def _check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: int) -> None:
-    if policy.limit_chars and after > policy.limit_chars:
-        raise BudgetExceeded(
-            tier=tier.value,
-            label=tier.label,
-            used=used,
-            limit=policy.limit_chars,
-            requested=added,
-        )

@@ -10,6 +10,12 @@ compact). One of the storage modules, the only code that touches Peewee
 
 Like the store's, every method opens a pooled connection for its own
 duration.
+
+Owns: Vector (an embedding as stored: its model and bytes) and VectorStore
+(a partition's vectors read, the entries without one, the backfill's
+writes). Must not touch: encoding or the vectors held in memory
+(sidecar.retrieval), the write that stores an entry's vector with it
+(sidecar.storage.store).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import pytest
 from sidecar.core.memory import Scope, Tier
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry, TierPolicy
 from tests.conftest import MakeEngine
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
@@ -45,7 +46,7 @@ def test_another_process_writing_a_never_written_tier_is_seen_on_the_next_turn(
     writer = Store(str(tmp_path / "m.db"))
     writer.open()
     try:
-        writer.add(SCOPE, tier, "written elsewhere", "", 1.0, TierPolicy(2200))
+        writer.add(NewEntry(SCOPE, tier, "written elsewhere"), TierPolicy(2200))
     finally:
         writer.close()
     feed.run_once()
@@ -63,7 +64,7 @@ def test_the_partition_cache_is_bounded_by_bytes(make_engine: MakeEngine) -> Non
     for n in range(40):
         scope = Scope(agent_id=f"agent-{n}")
         for k in range(10):
-            engine.add(scope, Tier.MEMORY, f"agent {n} knows fact number {k}", "", 1.0)
+            engine.add(NewEntry(scope, Tier.MEMORY, f"agent {n} knows fact number {k}"))
         engine.search(scope, "fact", [Tier.MEMORY], limit=5)
     cached = metrics.registry.get_sample_value("memory_partition_cache_bytes")
     assert cached is not None
@@ -79,7 +80,7 @@ def test_a_tier_larger_than_the_cache_budget_is_not_reloaded_every_time(
     )
     big = Scope(agent_id="big", user_id="ada")
     for k in range(200):
-        engine.add(big, Tier.MEMORY, f"big fact number {k} about the deploy", "", 1.0)
+        engine.add(NewEntry(big, Tier.MEMORY, f"big fact number {k} about the deploy"))
     # Searching both tiers caches the big tier (over the budget) and then the
     # small user tier: the big one must stay, or every search reloads it.
     engine.search(big, "deploy", list(Tier), limit=5)
@@ -97,7 +98,7 @@ def test_a_tier_larger_than_the_cache_budget_is_not_reloaded_every_time(
     # Small tiers of other agents are cached within the budget beside it.
     smalls = [Scope(agent_id=f"small-{n}") for n in range(3)]
     for scope in smalls:
-        engine.add(scope, Tier.MEMORY, "a small note", "", 1.0)
+        engine.add(NewEntry(scope, Tier.MEMORY, "a small note"))
         engine.search(scope, "note", [Tier.MEMORY], limit=5)
     before = selects()
     for scope in [*smalls, big]:
@@ -109,7 +110,7 @@ def test_a_session_holding_an_older_view_still_hears_of_remote_writes(
     make_engine: MakeEngine,
 ) -> None:
     engine, clock, _ = make_engine("defaults: {session_idle_ttl_seconds: 10}")
-    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
     engine.inject(SCOPE, "a")
     # Another session of the scope compacts: its rebuilt view replaces the
     # shared one, and ends; session "a" keeps the older view.
@@ -137,11 +138,11 @@ def test_a_tier_held_in_full_that_reaches_the_compact_size_is_let_go(
     )
     key = (Tier.MEMORY, SCOPE.agent_id)
     for k in range(3):
-        engine.add(SCOPE, Tier.MEMORY, f"fact number {k} about the {k}th deploy", "", 1.0)
+        engine.add(NewEntry(SCOPE, Tier.MEMORY, f"fact number {k} about the {k}th deploy"))
     assert isinstance(engine.partitions.cached(key), Partition)
-    engine.add(SCOPE, Tier.MEMORY, "the last fact, about the release train", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "the last fact, about the release train"))
     assert engine.partitions.cached(key) is None
-    engine.add(SCOPE, Tier.MEMORY, "one more, about the staging cluster", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "one more, about the staging cluster"))
     assert engine.partitions.cached(key) is None  # not loaded for a write
     hits = engine.search(SCOPE, "release train", [Tier.MEMORY], limit=5)
     assert [m.content for m, _ in hits][:1] == ["the last fact, about the release train"]

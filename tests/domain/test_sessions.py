@@ -9,6 +9,7 @@ from sidecar.core.memory import Scope, Tier
 from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import Stats
 from sidecar.domain.sessions import Limits, SessionTable
+from sidecar.storage.writes import NewEntry
 from tests.conftest import MakeEngine, MakeSidecar
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
@@ -24,7 +25,7 @@ def evicted(metrics: Metrics) -> float:
 
 def test_idle_sessions_are_evicted_after_the_ttl(make_engine: MakeEngine) -> None:
     engine, clock, metrics = make_engine("defaults: {session_idle_ttl_seconds: 10}")
-    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
     engine.inject(SCOPE, "early")
     clock.now = 5
     engine.inject(SCOPE, "later")
@@ -44,7 +45,7 @@ def test_idle_sessions_are_evicted_after_the_ttl(make_engine: MakeEngine) -> Non
 
 def test_sessions_beyond_the_cap_go_least_recently_used_first(make_engine: MakeEngine) -> None:
     engine, clock, metrics = make_engine("agents: {coder: {max_sessions: 3}}")
-    engine.add(SCOPE, Tier.MEMORY, "a note", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
     for n in range(3):
         clock.now = n
         engine.inject(SCOPE, f"s{n}")
@@ -87,7 +88,7 @@ def test_nothing_is_kept_for_agents_whose_sessions_are_gone(make_engine: MakeEng
     engine, clock, _ = make_engine("defaults: {session_idle_ttl_seconds: 10}")
     for n in range(200):
         scope = Scope(agent_id=f"agent-{n}", user_id=f"user-{n}")
-        engine.add(scope, Tier.MEMORY, f"note {n}", "", 1.0)
+        engine.add(NewEntry(scope, Tier.MEMORY, f"note {n}"))
         engine.inject(scope, "s")
         engine.search(scope, "note", list(Tier), limit=5)
     stats = engine.stats()
@@ -124,7 +125,7 @@ def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> No
     def writer() -> None:
         nonlocal compacted_upto
         for k in range(40):
-            engine.add(SCOPE, Tier.MEMORY, f"fact {k}", "", 1.0)
+            engine.add(NewEntry(SCOPE, Tier.MEMORY, f"fact {k}"))
             engine.notify_compaction(SCOPE, "s")
             compacted_upto = k
         done.set()

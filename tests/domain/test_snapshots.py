@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.engine import Stats
+from sidecar.storage.writes import NewEntry
 from tests.conftest import MakeEngine
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
@@ -56,11 +57,11 @@ def test_a_stale_snapshot_is_rebuilt_once_for_many_concurrent_callers(
     make_engine: MakeEngine,
 ) -> None:
     engine, _, metrics = make_engine()
-    engine.add(SCOPE, Tier.MEMORY, "first note", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "first note"))
     sessions = [f"s{n}" for n in range(16)]
     for session in sessions:
         engine.inject(SCOPE, session)
-    engine.add(SCOPE, Tier.MEMORY, "second note", "", 1.0)
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "second note"))
 
     def selects() -> float:
         return (

@@ -15,7 +15,8 @@ from sidecar.core.errors import ResourceExhausted
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.watch import Sync, Watches
 from sidecar.storage.events import Event
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry, TierPolicy
 
 SCOPE = Scope("coder", "ada")
 WAIT_SECONDS = 20.0
@@ -30,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def add(store: Store, content: str) -> str:
-    return store.add(SCOPE, Tier.MEMORY, content, "", 1.0, TierPolicy(0)).memory.id
+    return store.add(NewEntry(SCOPE, Tier.MEMORY, content), TierPolicy(0)).memory.id
 
 
 def test_without_a_verified_feed_a_watch_polls_the_log(store: Store) -> None:
@@ -61,7 +62,7 @@ def test_without_a_verified_feed_a_watch_polls_the_log(store: Store) -> None:
 
 def test_catching_up_is_never_too_slow_but_falling_behind_is(store: Store) -> None:
     hub = Watches(store.events, ServerSettings(watch_buffer_events=5))
-    first = store.add(SCOPE, Tier.MEMORY, "the first", "", 1.0, TierPolicy(0)).generation
+    first = store.add(NewEntry(SCOPE, Tier.MEMORY, "the first"), TierPolicy(0)).generation
     history = [add(store, f"history {n}") for n in range(20)]
     with hub.open(SCOPE, list(Tier)) as watch:
         events = watch.events(first)

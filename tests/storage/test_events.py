@@ -10,7 +10,8 @@ import pytest
 
 from sidecar.core.memory import Scope, Tier
 from sidecar.storage.events import Batch
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry, TierPolicy
 
 pytestmark = pytest.mark.contract
 
@@ -34,7 +35,7 @@ def logged(store: Store, generation: int, tier: Tier, kind: str, memory_id: str,
 
 
 def test_a_batch_never_ends_inside_one_writes_events(store: Store) -> None:
-    added = [store.add(SCOPE, Tier.MEMORY, f"note {n}", "", 1.0, TierPolicy(0)) for n in range(3)]
+    added = [store.add(NewEntry(SCOPE, Tier.MEMORY, f"note {n}"), TierPolicy(0)) for n in range(3)]
     top = added[-1].generation
     # One write that logged five events under one generation.
     for n in range(5):
@@ -84,7 +85,7 @@ def test_the_settled_bound_waits_for_a_writer_in_flight(store: Store, backend: s
     writer = threading.Thread(target=slow_writer)
     writer.start()
     assert drawn.wait(WAIT_SECONDS)
-    added_id = store.add(SCOPE, Tier.USER, "committed first", "", 1.0, TierPolicy(0)).memory.id
+    added_id = store.add(NewEntry(SCOPE, Tier.USER, "committed first"), TierPolicy(0)).memory.id
     batches: list[Batch] = []
 
     def reader() -> None:

@@ -20,7 +20,8 @@ from sidecar.storage import archive
 from sidecar.storage._pg_listener import NotifyListener
 from sidecar.storage._postgres import LISTENER_NAME, redacted
 from sidecar.storage.schema import SCHEMA_VERSION
-from sidecar.storage.store import Store, TierPolicy
+from sidecar.storage.store import Store
+from sidecar.storage.writes import NewEntry, TierPolicy
 from tests import pg
 from tests.conftest import MakeSidecar, Running, run_sidecar
 from tests.test_replicas import SCOPE, eventually, shown
@@ -100,7 +101,7 @@ def test_without_a_live_feed_every_turn_checks_the_database(
     try:
         assert engine.inject(scope, "s").system_block == ""
         for n in range(3):
-            writer.add(scope, Tier.MEMORY, f"note {n}", "", 1.0, policy)
+            writer.add(NewEntry(scope, Tier.MEMORY, f"note {n}"), policy)
             # No feed delivered anything, yet the very next turn shows it.
             assert f"note {n}" in engine.inject(scope, "s").system_block
         gone = writer.list_memories(scope, [Tier.MEMORY])[0][0]
