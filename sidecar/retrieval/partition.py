@@ -368,17 +368,9 @@ class Partition(Listed):
         are untouched, except that a removal shifts the indices after it.
         """
         position = next(i for i, m in enumerate(self.memories) if m.id == memory_id)
-        old = self.memories[position]
-        postings = dict(self.postings)
-        removed = term_weights(old)
+        removed = term_weights(self.memories[position])
+        postings = _without_entry(self.postings, removed, position)
         npostings = self.npostings - len(removed)
-        for term, _weight in removed:
-            indices, values = postings[term]
-            keep = indices != position
-            if keep.any():
-                postings[term] = (indices[keep], values[keep])
-            else:
-                del postings[term]
         memories, findings, tokens = list(self.memories), list(self.findings), list(self.tokens)
         flagged = {k: v for k, v in self.flagged.items() if k != memory_id}
         if replacement is None:
@@ -394,10 +386,7 @@ class Partition(Listed):
         else:
             added = term_weights(replacement)
             npostings += len(added)
-            for term, weight in added:
-                indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
-                at = int(np.searchsorted(indices, position))
-                postings[term] = (np.insert(indices, at, position), np.insert(values, at, weight))
+            _add_entry(postings, added, position)
             finding = scan(replacement)
             memories[position] = replacement
             findings[position] = finding
@@ -411,14 +400,28 @@ class Partition(Listed):
         # shares (seq may still be a view of it; a lineage whose arrays are
         # full reallocates before writing, so that view is never written).
         lineage = _Lineage(memories, findings, tokens, (confidence, recency, seq))
+        return self._with_lineage(generation, usage, lineage, postings, flagged, npostings)
+
+    def _with_lineage(
+        self,
+        generation: int,
+        usage: Usage,
+        lineage: _Lineage,
+        postings: dict[str, tuple[IntArray, FloatArray]],
+        flagged: dict[str, str],
+        npostings: int,
+    ) -> Partition:
+        """This tier's partition over all of a lineage of its own (no other
+        partition appends to it)."""
+        confidence, recency, seq = lineage.arrays
         return Partition(
             self.tier,
             self.owner,
             generation,
-            Column(memories),
+            Column(lineage.memories),
             usage,
-            Column(findings),
-            Column(tokens),
+            Column(lineage.findings),
+            Column(lineage.tokens),
             postings,
             confidence,
             recency,
@@ -426,7 +429,7 @@ class Partition(Listed):
             flagged,
             npostings,
             lineage,
-            earliest_expiry(memories),
+            earliest_expiry(lineage.memories),
         )
 
     def by_confidence(self) -> IntArray:
@@ -457,6 +460,33 @@ class Partition(Listed):
 
     def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
         return [self.memories[p] for p in positions]
+
+
+def _without_entry(
+    postings: dict[str, tuple[IntArray, FloatArray]], weights: TermWeights, position: int
+) -> dict[str, tuple[IntArray, FloatArray]]:
+    """A copy of these postings without the entry at `position` (whose term
+    weights these are): a term it alone held is gone."""
+    postings = dict(postings)
+    for term, _weight in weights:
+        indices, values = postings[term]
+        keep = indices != position
+        if keep.any():
+            postings[term] = (indices[keep], values[keep])
+        else:
+            del postings[term]
+    return postings
+
+
+def _add_entry(
+    postings: dict[str, tuple[IntArray, FloatArray]], weights: TermWeights, position: int
+) -> None:
+    """Put the entry at `position` (with these term weights) into these
+    postings, in index order: each term's arrays are new, never written."""
+    for term, weight in weights:
+        indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
+        at = int(np.searchsorted(indices, position))
+        postings[term] = (np.insert(indices, at, position), np.insert(values, at, weight))
 
 
 _NO_INDICES: IntArray = np.array([], dtype=np.int64)
