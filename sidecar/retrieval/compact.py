@@ -344,9 +344,16 @@ class CompactPartition:
             storage.removals += len(found)
             storage.generation = generation
         return CompactPartition(
-            self.tier, self.owner, generation, usage, self.size, self.count - len(found),
-            storage, self.fetch_rows, ops=self.ops + 1,
-        )  # fmt: skip
+            self.tier,
+            self.owner,
+            generation,
+            usage,
+            self.size,
+            self.count - len(found),
+            storage,
+            self.fetch_rows,
+            ops=self.ops + 1,
+        )
 
     def _appended(
         self, memory: Memory | None, generation: int, usage: Usage, *, replaces: Memory | None
@@ -377,9 +384,16 @@ class CompactPartition:
                 count += 1
             storage.size, storage.generation = size, generation
         return CompactPartition(
-            self.tier, self.owner, generation, usage, size, count, storage, self.fetch_rows,
+            self.tier,
+            self.owner,
+            generation,
+            usage,
+            size,
+            count,
+            storage,
+            self.fetch_rows,
             ops=self.ops + 1,
-        )  # fmt: skip
+        )
 
     # --- what ranking reads -------------------------------------------------
 

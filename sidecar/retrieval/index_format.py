@@ -99,9 +99,16 @@ def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> C
     storage.generation = source.generation
     ops = source.logged
     return CompactPartition(
-        tier, owner, source.generation, source.usage, storage.size, count, storage,
-        fetch_rows, ops=ops,
-    )  # fmt: skip
+        tier,
+        owner,
+        source.generation,
+        source.usage,
+        storage.size,
+        count,
+        storage,
+        fetch_rows,
+        ops=ops,
+    )
 
 
 def to_bytes(partition: CompactPartition) -> bytes:

@@ -258,25 +258,11 @@ class Partition(Listed):
         scan: Callable[[Memory], str | None] = lambda m: None,
         count_tokens: Callable[[str], int] = lambda text: len(text) // 4,
     ) -> Partition:
+        """A partition of these entries (in insertion order), indexed, each
+        scanned and its tokens counted once."""
         if not memories:
-            # Most tiers of most agents are empty: they share every column
-            # (nothing ever writes into one in place) and, when it is nil,
-            # their usage, so an empty partition costs one small object.
-            usage = _NO_USAGE if usage == _NO_USAGE else usage
-            return cls(
-                tier, owner, generation, (), usage, (), (), _NO_POSTINGS,
-                _NO_WEIGHTS, _NO_WEIGHTS, _NO_INDICES, _NO_FLAGS,
-            )  # fmt: skip
-        lists: dict[str, tuple[list[int], list[float]]] = {}
-        for index, memory in enumerate(memories):
-            for term, weight in term_weights(memory):
-                indices, values = lists.setdefault(term, ([], []))
-                indices.append(index)
-                values.append(weight)
-        postings = {
-            term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
-            for term, (indices, values) in lists.items()
-        }
+            return cls._empty(tier, owner, generation, usage)
+        postings = _postings_of(memories)
         findings = [scan(m) for m in memories]
         lineage = _Lineage(
             list(memories),
@@ -305,6 +291,28 @@ class Partition(Listed):
             sum(len(indices) for indices, _ in postings.values()),
             lineage,
             earliest_expiry(memories),
+        )
+
+    @classmethod
+    def _empty(cls, tier: Tier, owner: str, generation: int, usage: Usage) -> Partition:
+        """A partition without entries. Most tiers of most agents are empty:
+        they share every column (nothing ever writes into one in place) and,
+        when it is nil, their usage, so an empty partition costs one small
+        object."""
+        usage = _NO_USAGE if usage == _NO_USAGE else usage
+        return cls(
+            tier,
+            owner,
+            generation,
+            (),
+            usage,
+            (),
+            (),
+            _NO_POSTINGS,
+            _NO_WEIGHTS,
+            _NO_WEIGHTS,
+            _NO_INDICES,
+            _NO_FLAGS,
         )
 
     def added(
@@ -460,6 +468,21 @@ class Partition(Listed):
 
     def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
         return [self.memories[p] for p in positions]
+
+
+def _postings_of(memories: Sequence[Memory]) -> dict[str, tuple[IntArray, FloatArray]]:
+    """The keyword index of these entries: term -> (entry indices ascending,
+    their weights)."""
+    lists: dict[str, tuple[list[int], list[float]]] = {}
+    for index, memory in enumerate(memories):
+        for term, weight in term_weights(memory):
+            indices, values = lists.setdefault(term, ([], []))
+            indices.append(index)
+            values.append(weight)
+    return {
+        term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
+        for term, (indices, values) in lists.items()
+    }
 
 
 def _without_entry(

@@ -242,8 +242,22 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"ant[eé]rieures)\b",
             False,
             (
-                "ignor", "disregard", "forget", "overrid", "void", "cancel", "revoked", "null",
-                "lifted", "disabled", "suspended", "longer", "bypass", "disable", "turn", "reset",
+                "ignor",
+                "disregard",
+                "forget",
+                "overrid",
+                "void",
+                "cancel",
+                "revoked",
+                "null",
+                "lifted",
+                "disabled",
+                "suspended",
+                "longer",
+                "bypass",
+                "disable",
+                "turn",
+                "reset",
             ),
         ),
         (
@@ -289,8 +303,19 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,20}\byour\s+(\w+\s+)?"
             r"(instructions|prompt|rules)\b",
             False,
-            ("<", "[", "#", "assistant", "reveal", "print", "show", "repeat", "leak", "output",
-             "dump"),
+            (
+                "<",
+                "[",
+                "#",
+                "assistant",
+                "reveal",
+                "print",
+                "show",
+                "repeat",
+                "leak",
+                "output",
+                "dump",
+            ),
         ),
         (
             "exfiltration",
@@ -328,11 +353,21 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"\b(api[\s_-]?keys?|passwords?|secrets?|credentials?|tokens?)\b.{0,30}\b(share|"
             r"reveal|give|send)\s+(it|them)\s+(with|to)\s+(anyone|everyone|whoever|any\s+user)\b",
             True,
-            ("include", "append", "reveal", "share", "send", "print", "output", "paste", "tell",
-             "give"),
+            (
+                "include",
+                "append",
+                "reveal",
+                "share",
+                "send",
+                "print",
+                "output",
+                "paste",
+                "tell",
+                "give",
+            ),
         ),
     )
-)  # fmt: skip
+)
 
 # URLs, found in one linear pass and judged in Python: a query holding a
 # template placeholder, or a long encoded value in an image (a tracking
