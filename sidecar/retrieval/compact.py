@@ -26,9 +26,15 @@ The index is persisted (sidecar.retrieval.index_format; the engine decides when)
 the entries in seq order and a fresh base segment, as of one generation,
 and a load replays the writes logged since.
 
-This module never reads the database itself: a partition's rows come from
-the `scan` and `fetch_rows` it is given. Nor does it rank: rank()
-(sidecar.retrieval.ranking) reads it as it reads a full partition.
+Owns: the compact layout (Storage's per-entry arrays, the Vocabulary of
+hashed words, the base segment and what was appended since, tombstones),
+the term counts an entry is indexed by, WEIGHTS (a count's BM25 weight),
+and appending to and removing from the shared storage. Must not touch: the
+database (a partition's rows come from the `scan` and `fetch_rows` it is
+given; of the storage layer it uses only Record and record_of), the
+persisted form (sidecar.retrieval.index_format), when to load or persist
+(its callers decide), or ranking: rank() (sidecar.retrieval.ranking)
+reads it as it reads a full partition.
 """
 
 from __future__ import annotations

@@ -10,9 +10,15 @@ the same way whatever its history. It is off (B = 0, see below).
 
 A `Partition` is one tier of one owner, indexed once and shared read-only by
 every search, snapshot and session that needs it. rank() (sidecar.retrieval.ranking)
-reads it as it reads a compact partition; this module never blends or
-orders scores, never reads the database (the engine hands it the memories)
-and knows nothing of gRPC.
+reads it as it reads a compact partition.
+
+Owns: the BM25 term weights (K1, B, REFERENCE_LENGTH, term_weights) and the
+date terms an entry is indexed by, the full partition's columns and
+postings, their copy-on-write updates (added, changed) and the storage
+successive partitions share. Must not touch: blending or ordering scores
+(ranking), the database or the partition cache (sidecar.domain.partition
+hands it the memories and keeps it), scanning or counting tokens (it calls
+the `scan` and `count_tokens` it is handed), gRPC.
 """
 
 from __future__ import annotations

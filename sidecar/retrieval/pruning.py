@@ -4,8 +4,13 @@ found without adding up the postings of the query's common words.
 rank() (sidecar.retrieval.ranking) hands over the query's terms with their postings in
 each partition, and the blend's weights; pruned() answers with the entries
 that can place and their BM25 scores, or None when scoring every entry
-costs less. It reads only the arrays it is given: it never imports ranking
-(which imports it), builds no index, reads no entry and never the database.
+costs less.
+
+Owns: MaxScore's candidates (pruned), its cost model (LOOKUP_COST,
+ENTRY_COST) and the arrays joined end to end (joined, which rank() uses
+too). Must not touch: anything but the arrays it is given: it never imports
+ranking (which imports it), builds no index, reads no entry and never the
+database; the blend it bounds is ranking's, restated here.
 """
 
 from __future__ import annotations
