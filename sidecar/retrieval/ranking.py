@@ -13,10 +13,11 @@ sidecar.retrieval.pruning's.
 
 Owns: the order of a ranking (idf, the blend, the semantic spread, ties by
 insertion), the protocols partitions are read through (Ranked, Listed,
-Postings), and when to score in Python, in arrays or with pruning. Must not
-touch: building an index or its term weights (the partitions'), entries but
-through a partition's fetch (a compact one's reads the database), the
-query's terms or cosines (sidecar.domain.queries hands them in), gRPC.
+Postings), and when to score in Python, in arrays or with pruning.
+Must not touch: building an index or its term weights (the partitions'),
+entries but through a partition's fetch (a compact one's reads the
+database), the query's terms or cosines (sidecar.domain.queries hands them
+in), gRPC.
 """
 
 from __future__ import annotations
