@@ -26,9 +26,15 @@ The index is persisted (sidecar.retrieval.index_format; the engine decides when)
 the entries in seq order and a fresh base segment, as of one generation,
 and a load replays the writes logged since.
 
-This module never reads the database itself: a partition's rows come from
-the `scan` and `fetch_rows` it is given. Nor does it rank: rank()
-(sidecar.retrieval.ranking) reads it as it reads a full partition.
+Owns: the compact layout (Storage's per-entry arrays, the Vocabulary of
+hashed words, the base segment and what was appended since, tombstones),
+the term counts an entry is indexed by, WEIGHTS (a count's BM25 weight),
+and appending to and removing from the shared storage. Must not touch: the
+database (a partition's rows come from the `scan` and `fetch_rows` it is
+given; of the storage layer it uses only Record and record_of), the
+persisted form (sidecar.retrieval.index_format), when to load or persist
+(its callers decide), or ranking: rank() (sidecar.retrieval.ranking)
+reads it as it reads a full partition.
 """
 
 from __future__ import annotations
@@ -344,9 +350,16 @@ class CompactPartition:
             storage.removals += len(found)
             storage.generation = generation
         return CompactPartition(
-            self.tier, self.owner, generation, usage, self.size, self.count - len(found),
-            storage, self.fetch_rows, ops=self.ops + 1,
-        )  # fmt: skip
+            self.tier,
+            self.owner,
+            generation,
+            usage,
+            self.size,
+            self.count - len(found),
+            storage,
+            self.fetch_rows,
+            ops=self.ops + 1,
+        )
 
     def _appended(
         self, memory: Memory | None, generation: int, usage: Usage, *, replaces: Memory | None
@@ -377,9 +390,16 @@ class CompactPartition:
                 count += 1
             storage.size, storage.generation = size, generation
         return CompactPartition(
-            self.tier, self.owner, generation, usage, size, count, storage, self.fetch_rows,
+            self.tier,
+            self.owner,
+            generation,
+            usage,
+            size,
+            count,
+            storage,
+            self.fetch_rows,
             ops=self.ops + 1,
-        )  # fmt: skip
+        )
 
     # --- what ranking reads -------------------------------------------------
 

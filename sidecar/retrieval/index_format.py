@@ -16,8 +16,14 @@ partition can hold (_members): a member that declares 400M integers in a
 few compressed bytes is refused, never allocated. persist() saves one
 through the store.
 
-It touches the database only through the Store it is handed, decides
-nothing about when to persist (the engine does) and never ranks.
+Owns: FORMAT and the members' layout, the tokeniser's fingerprint
+(tokenizer()), the checks an index passes before it is read (_members,
+_check), ForeignIndex, replaying the logged writes onto a restored index,
+and cutting the bytes into parts (PART_BYTES). Must not touch: the
+database but through the Store or the IndexSource it is handed, when to
+persist or restore (its callers decide: sidecar.domain.index, and the
+operator's index command), the compact layout's own rules
+(sidecar.retrieval.compact), or ranking.
 """
 
 from __future__ import annotations
@@ -99,9 +105,16 @@ def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> C
     storage.generation = source.generation
     ops = source.logged
     return CompactPartition(
-        tier, owner, source.generation, source.usage, storage.size, count, storage,
-        fetch_rows, ops=ops,
-    )  # fmt: skip
+        tier,
+        owner,
+        source.generation,
+        source.usage,
+        storage.size,
+        count,
+        storage,
+        fetch_rows,
+        ops=ops,
+    )
 
 
 def to_bytes(partition: CompactPartition) -> bytes:

@@ -152,9 +152,19 @@ def stem(word: str) -> str:
 
 
 MONTHS = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)  # fmt: skip
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
 # Month names and their usual abbreviations ("sept" too), read as a month
 # only before a year (or a day and a year): alone, "may", "march" and "jan"
 # are as often other words.

@@ -164,60 +164,15 @@ def post_json(
     reply the caller can tell is too big is not read whole.
     """
     timeout = f"no complete reply within {timeout_seconds:g} s"
-    lock = threading.Lock()
-    state = {"expired": False, "done": False}
-    sockets: list[socket.socket] = []
-
-    def expire() -> None:
-        with lock:
-            if state["done"]:
-                return
-            state["expired"] = True
-            for sock in sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    timer = threading.Timer(timeout_seconds, expire)
-    timer.daemon = True
+    deadline = _Deadline(timeout_seconds)
     connection: http.client.HTTPConnection | None = None
     try:
-        parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ModelError("unreachable", f"not an http(s) URL: {base_url}")
-        path = parts.path.rstrip("/") + suffix + (f"?{parts.query}" if parts.query else "")
-        connection_type = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        connection, path = _connection(base_url, suffix, timeout_seconds)
+        deadline.start()
+        status, data = _exchange(
+            connection, deadline, path, body, api_key, max_reply_bytes, inspect
         )
-        connection = connection_type(parts.hostname, parts.port, timeout=timeout_seconds)
-        timer.start()
-        connection.connect()
-        with lock:
-            # The socket, kept: http.client hands it to the response and
-            # drops its own reference once the reply headers are in.
-            if connection.sock is not None:
-                sockets.append(connection.sock)
-            if state["expired"]:  # the deadline passed while connecting
-                raise TimeoutError
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        connection.request("POST", path, body=body, headers=headers)
-        response = connection.getresponse()
-        status = response.status
-        with response:
-            chunks: list[bytes] = []
-            left = max_reply_bytes + 1
-            while left > 0:
-                chunk = response.read(min(_CHUNK_BYTES, left))
-                if not chunk:
-                    break
-                if inspect is not None and status == 200:
-                    inspect(chunk)
-                chunks.append(chunk)
-                left -= len(chunk)
-            data = b"".join(chunks)
-            del chunks
-        if state["expired"]:
+        if deadline.expired:
             raise TimeoutError
     except ModelError:
         raise
@@ -226,14 +181,12 @@ def post_json(
     except (OSError, http.client.HTTPException, ValueError) as exc:
         # ValueError: a bad port or header value, an unencodable host,
         # or an SSL socket read after the timer shut it down.
-        if state["expired"]:
+        if deadline.expired:
             raise ModelError("timeout", timeout) from None
         reason = "bad_reply" if isinstance(exc, http.client.HTTPException) else "unreachable"
         raise ModelError(reason, str(exc) or type(exc).__name__) from None
     finally:
-        with lock:
-            state["done"] = True
-        timer.cancel()
+        deadline.stop()
         if connection is not None:
             connection.close()
     if status != 200:
@@ -241,3 +194,101 @@ def post_json(
     if len(data) > max_reply_bytes:
         raise ModelError("bad_reply", f"reply over {max_reply_bytes:,} bytes")
     return data
+
+
+class _Deadline:
+    """A call's deadline: a timer that, when it fires before stop(), shuts
+    down every socket watched, which ends whatever read is waiting."""
+
+    def __init__(self, seconds: float) -> None:
+        self._lock = threading.Lock()
+        self.expired = False
+        self._done = False
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Shut this socket down too at the deadline; TimeoutError if it has
+        passed already (while connecting)."""
+        with self._lock:
+            if sock is not None:
+                self._sockets.append(sock)
+            if self.expired:
+                raise TimeoutError
+
+    def stop(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.expired = True
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def _connection(
+    base_url: str, suffix: str, timeout_seconds: float
+) -> tuple[http.client.HTTPConnection, str]:
+    """An unopened connection to base_url's host, and the path to POST to."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ModelError("unreachable", f"not an http(s) URL: {base_url}")
+    path = parts.path.rstrip("/") + suffix + (f"?{parts.query}" if parts.query else "")
+    connection_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    return connection_type(parts.hostname, parts.port, timeout=timeout_seconds), path
+
+
+def _exchange(
+    connection: http.client.HTTPConnection,
+    deadline: _Deadline,
+    path: str,
+    body: bytes,
+    api_key: str,
+    max_reply_bytes: int,
+    inspect: Callable[[bytes], None] | None,
+) -> tuple[int, bytes]:
+    """Connect, POST the body to `path`, and read the reply: its status and
+    body (a 200 one handed to `inspect` as it arrives)."""
+    connection.connect()
+    # The socket, kept: http.client hands it to the response and
+    # drops its own reference once the reply headers are in.
+    deadline.watch(connection.sock)
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    connection.request("POST", path, body=body, headers=headers)
+    response = connection.getresponse()
+    status = response.status
+    with response:
+        return status, _read(response, max_reply_bytes, inspect if status == 200 else None)
+
+
+def _read(
+    response: http.client.HTTPResponse,
+    max_reply_bytes: int,
+    inspect: Callable[[bytes], None] | None,
+) -> bytes:
+    """The reply body, up to one byte over max_reply_bytes (so a longer one
+    shows), a chunk at a time, each handed to `inspect` if given."""
+    chunks: list[bytes] = []
+    left = max_reply_bytes + 1
+    while left > 0:
+        chunk = response.read(min(_CHUNK_BYTES, left))
+        if not chunk:
+            break
+        if inspect is not None:
+            inspect(chunk)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -10,9 +10,15 @@ the same way whatever its history. It is off (B = 0, see below).
 
 A `Partition` is one tier of one owner, indexed once and shared read-only by
 every search, snapshot and session that needs it. rank() (sidecar.retrieval.ranking)
-reads it as it reads a compact partition; this module never blends or
-orders scores, never reads the database (the engine hands it the memories)
-and knows nothing of gRPC.
+reads it as it reads a compact partition.
+
+Owns: the BM25 term weights (K1, B, REFERENCE_LENGTH, term_weights) and the
+date terms an entry is indexed by, the full partition's columns and
+postings, their copy-on-write updates (added, changed) and the storage
+successive partitions share. Must not touch: blending or ordering scores
+(ranking), the database or the partition cache (sidecar.domain.partition
+hands it the memories and keeps it), scanning or counting tokens (it calls
+the `scan` and `count_tokens` it is handed), gRPC.
 """
 
 from __future__ import annotations
@@ -258,25 +264,11 @@ class Partition(Listed):
         scan: Callable[[Memory], str | None] = lambda m: None,
         count_tokens: Callable[[str], int] = lambda text: len(text) // 4,
     ) -> Partition:
+        """A partition of these entries (in insertion order), indexed, each
+        scanned and its tokens counted once."""
         if not memories:
-            # Most tiers of most agents are empty: they share every column
-            # (nothing ever writes into one in place) and, when it is nil,
-            # their usage, so an empty partition costs one small object.
-            usage = _NO_USAGE if usage == _NO_USAGE else usage
-            return cls(
-                tier, owner, generation, (), usage, (), (), _NO_POSTINGS,
-                _NO_WEIGHTS, _NO_WEIGHTS, _NO_INDICES, _NO_FLAGS,
-            )  # fmt: skip
-        lists: dict[str, tuple[list[int], list[float]]] = {}
-        for index, memory in enumerate(memories):
-            for term, weight in term_weights(memory):
-                indices, values = lists.setdefault(term, ([], []))
-                indices.append(index)
-                values.append(weight)
-        postings = {
-            term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
-            for term, (indices, values) in lists.items()
-        }
+            return cls._empty(tier, owner, generation, usage)
+        postings = _postings_of(memories)
         findings = [scan(m) for m in memories]
         lineage = _Lineage(
             list(memories),
@@ -305,6 +297,28 @@ class Partition(Listed):
             sum(len(indices) for indices, _ in postings.values()),
             lineage,
             earliest_expiry(memories),
+        )
+
+    @classmethod
+    def _empty(cls, tier: Tier, owner: str, generation: int, usage: Usage) -> Partition:
+        """A partition without entries. Most tiers of most agents are empty:
+        they share every column (nothing ever writes into one in place) and,
+        when it is nil, their usage, so an empty partition costs one small
+        object."""
+        usage = _NO_USAGE if usage == _NO_USAGE else usage
+        return cls(
+            tier,
+            owner,
+            generation,
+            (),
+            usage,
+            (),
+            (),
+            _NO_POSTINGS,
+            _NO_WEIGHTS,
+            _NO_WEIGHTS,
+            _NO_INDICES,
+            _NO_FLAGS,
         )
 
     def added(
@@ -368,17 +382,9 @@ class Partition(Listed):
         are untouched, except that a removal shifts the indices after it.
         """
         position = next(i for i, m in enumerate(self.memories) if m.id == memory_id)
-        old = self.memories[position]
-        postings = dict(self.postings)
-        removed = term_weights(old)
+        removed = term_weights(self.memories[position])
+        postings = _without_entry(self.postings, removed, position)
         npostings = self.npostings - len(removed)
-        for term, _weight in removed:
-            indices, values = postings[term]
-            keep = indices != position
-            if keep.any():
-                postings[term] = (indices[keep], values[keep])
-            else:
-                del postings[term]
         memories, findings, tokens = list(self.memories), list(self.findings), list(self.tokens)
         flagged = {k: v for k, v in self.flagged.items() if k != memory_id}
         if replacement is None:
@@ -394,10 +400,7 @@ class Partition(Listed):
         else:
             added = term_weights(replacement)
             npostings += len(added)
-            for term, weight in added:
-                indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
-                at = int(np.searchsorted(indices, position))
-                postings[term] = (np.insert(indices, at, position), np.insert(values, at, weight))
+            _add_entry(postings, added, position)
             finding = scan(replacement)
             memories[position] = replacement
             findings[position] = finding
@@ -411,14 +414,28 @@ class Partition(Listed):
         # shares (seq may still be a view of it; a lineage whose arrays are
         # full reallocates before writing, so that view is never written).
         lineage = _Lineage(memories, findings, tokens, (confidence, recency, seq))
+        return self._with_lineage(generation, usage, lineage, postings, flagged, npostings)
+
+    def _with_lineage(
+        self,
+        generation: int,
+        usage: Usage,
+        lineage: _Lineage,
+        postings: dict[str, tuple[IntArray, FloatArray]],
+        flagged: dict[str, str],
+        npostings: int,
+    ) -> Partition:
+        """This tier's partition over all of a lineage of its own (no other
+        partition appends to it)."""
+        confidence, recency, seq = lineage.arrays
         return Partition(
             self.tier,
             self.owner,
             generation,
-            Column(memories),
+            Column(lineage.memories),
             usage,
-            Column(findings),
-            Column(tokens),
+            Column(lineage.findings),
+            Column(lineage.tokens),
             postings,
             confidence,
             recency,
@@ -426,7 +443,7 @@ class Partition(Listed):
             flagged,
             npostings,
             lineage,
-            earliest_expiry(memories),
+            earliest_expiry(lineage.memories),
         )
 
     def by_confidence(self) -> IntArray:
@@ -457,6 +474,48 @@ class Partition(Listed):
 
     def fetch(self, positions: Sequence[int]) -> list[Memory | None]:
         return [self.memories[p] for p in positions]
+
+
+def _postings_of(memories: Sequence[Memory]) -> dict[str, tuple[IntArray, FloatArray]]:
+    """The keyword index of these entries: term -> (entry indices ascending,
+    their weights)."""
+    lists: dict[str, tuple[list[int], list[float]]] = {}
+    for index, memory in enumerate(memories):
+        for term, weight in term_weights(memory):
+            indices, values = lists.setdefault(term, ([], []))
+            indices.append(index)
+            values.append(weight)
+    return {
+        term: (np.array(indices, dtype=np.int64), np.array(values, dtype=np.float64))
+        for term, (indices, values) in lists.items()
+    }
+
+
+def _without_entry(
+    postings: dict[str, tuple[IntArray, FloatArray]], weights: TermWeights, position: int
+) -> dict[str, tuple[IntArray, FloatArray]]:
+    """A copy of these postings without the entry at `position` (whose term
+    weights these are): a term it alone held is gone."""
+    postings = dict(postings)
+    for term, _weight in weights:
+        indices, values = postings[term]
+        keep = indices != position
+        if keep.any():
+            postings[term] = (indices[keep], values[keep])
+        else:
+            del postings[term]
+    return postings
+
+
+def _add_entry(
+    postings: dict[str, tuple[IntArray, FloatArray]], weights: TermWeights, position: int
+) -> None:
+    """Put the entry at `position` (with these term weights) into these
+    postings, in index order: each term's arrays are new, never written."""
+    for term, weight in weights:
+        indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
+        at = int(np.searchsorted(indices, position))
+        postings[term] = (np.insert(indices, at, position), np.insert(values, at, weight))
 
 
 _NO_INDICES: IntArray = np.array([], dtype=np.int64)

@@ -4,8 +4,13 @@ found without adding up the postings of the query's common words.
 rank() (sidecar.retrieval.ranking) hands over the query's terms with their postings in
 each partition, and the blend's weights; pruned() answers with the entries
 that can place and their BM25 scores, or None when scoring every entry
-costs less. It reads only the arrays it is given: it never imports ranking
-(which imports it), builds no index, reads no entry and never the database.
+costs less.
+
+Owns: MaxScore's candidates (pruned), its cost model (LOOKUP_COST,
+ENTRY_COST) and the arrays joined end to end (joined, which rank() uses
+too). Must not touch: anything but the arrays it is given: it never imports
+ranking (which imports it), builds no index, reads no entry and never the
+database; the blend it bounds is ranking's, restated here.
 """
 
 from __future__ import annotations
@@ -89,11 +94,8 @@ def pruned(
     then exceed every blend found). Otherwise the next rarest term's entries
     join, until scoring so many would cost more than scoring every entry:
     then None."""
-    total = offsets[-1]
     # Past this many candidates, scoring them all densely costs less.
-    budget = (sum(term.df for term in postings) + total * ENTRY_COST) / (
-        LOOKUP_COST * len(postings)
-    )
+    budget = _budget(postings, offsets[-1])
     by_df = sorted(range(len(postings)), key=lambda i: postings[i].df)
     ceilings = [
         term.idf * max((got.highest() for _, got in term.found), default=0.0) for term in postings
@@ -106,19 +108,7 @@ def pruned(
         read += postings[i].df
         if read > budget:
             return None
-        # This term's entries (partitions in order: ascending), less those
-        # holding a rarer one (already scored).
-        fresh = joined(
-            [
-                got.positions + offsets[pi] if offsets[pi] else got.positions
-                for pi, got in postings[i].found
-            ]
-            or [_NO_INDICES]
-        ).astype(np.int64, copy=False)
-        for j in by_df[: split - 1]:
-            fresh = fresh[~_holding(fresh, postings[j], offsets)]
-        if keep is not None:
-            fresh = fresh[keep[fresh]]
+        fresh = _newly_found(postings[i], [postings[j] for j in by_df[: split - 1]], offsets, keep)
         found.append(fresh)
         scored.append(_scores(fresh, postings, offsets))
         rest = sum(ceilings[j] for j in by_df[split:])
@@ -128,18 +118,45 @@ def pruned(
             return candidates, scores
         if len(candidates) < deeper:
             continue
-        best = float(scores.max())
-        # rank()'s blend, as it will compute it for these candidates.
-        blended = (
-            weights.similarity * (scores / best) + weights.confidence * (confidence[candidates])
-        )
-        threshold = float(np.partition(blended, len(blended) - deeper)[len(blended) - deeper])
+        best, threshold = _best_and_threshold(candidates, scores, confidence, weights, deeper)
         if top_confidence is None:
             top_confidence = float(confidence.max())
         bound = weights.similarity * (rest / best) + weights.confidence * top_confidence
         if bound + _MARGIN < threshold:
             return candidates, scores
     return None
+
+
+def _budget(postings: Sequence[QueryTerm], total: int) -> float:
+    """How many candidates scoring by binary search may take before scoring
+    every entry densely costs less."""
+    return (sum(term.df for term in postings) + total * ENTRY_COST) / (LOOKUP_COST * len(postings))
+
+
+def _newly_found(
+    term: QueryTerm, rarer: Sequence[QueryTerm], offsets: list[int], keep: BoolArray | None
+) -> IntArray:
+    """This term's kept entries (partitions in order: ascending), less those
+    holding a rarer one (already scored)."""
+    fresh = joined(
+        [got.positions + offsets[pi] if offsets[pi] else got.positions for pi, got in term.found]
+        or [_NO_INDICES]
+    ).astype(np.int64, copy=False)
+    for other in rarer:
+        fresh = fresh[~_holding(fresh, other, offsets)]
+    if keep is not None:
+        fresh = fresh[keep[fresh]]
+    return fresh
+
+
+def _best_and_threshold(
+    candidates: IntArray, scores: FloatArray, confidence: FloatArray, weights: Blend, deeper: int
+) -> tuple[float, float]:
+    """The best of these scores, and the deeper-th best blend: rank()'s
+    blend, as it will compute it for these candidates."""
+    best = float(scores.max())
+    blended = weights.similarity * (scores / best) + weights.confidence * (confidence[candidates])
+    return best, float(np.partition(blended, len(blended) - deeper)[len(blended) - deeper])
 
 
 def _located(

@@ -9,9 +9,15 @@ results are deterministic.
 rank() reads partitions through the `Ranked` protocol: a full partition
 (sidecar.retrieval.partition, whose term weights these are) or a compact one
 (sidecar.retrieval.compact). Skipping the entries that cannot place is
-sidecar.retrieval.pruning's. This module builds no index, reads entries only through
-a partition's fetch (a compact one's reads the database), and knows nothing
-of gRPC.
+sidecar.retrieval.pruning's.
+
+Owns: the order of a ranking (idf, the blend, the semantic spread, ties by
+insertion), the protocols partitions are read through (Ranked, Listed,
+Postings), and when to score in Python, in arrays or with pruning.
+Must not touch: building an index or its term weights (the partitions'),
+entries but through a partition's fetch (a compact one's reads the
+database), the query's terms or cosines (sidecar.domain.queries hands them
+in), gRPC.
 """
 
 from __future__ import annotations
@@ -181,13 +187,46 @@ def rank(
         ranked = _rank_python(plain, keywords, weights, match_all, category, None)
         hits = [hit for hit in ranked if hit[0].seq not in leave_out]
         return hits if limit is None else hits[:limit]
-    offsets = [0]
-    for p in partitions:
-        offsets.append(offsets[-1] + p.size)
-    total = offsets[-1]
-    live = sum(p.count for p in partitions)
-    if not live:
-        return []
+    query = _Query(keywords, weights, match_all, limit, leave_out, semantic)
+    return _rank_arrays(partitions, query, category, prune)
+
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    """What rank() was asked, as its array steps read it. `deeper` is how
+    deep to rank so that `limit` remain once `leave_out` is left out."""
+
+    keywords: Sequence[str]
+    weights: Weights
+    match_all: bool
+    limit: int | None
+    leave_out: frozenset[int]
+    semantic: SemanticScores | None
+
+    @property
+    def deeper(self) -> int | None:
+        return None if self.limit is None else self.limit + len(self.leave_out)
+
+    def kept(self, ordered: Iterable[int], seq: IntArray) -> list[int]:
+        """The first `limit` of these positions whose seqs are not left out."""
+        leave_out = self.leave_out
+        found = [k for k in ordered if int(seq[k]) not in leave_out] if leave_out else ordered
+        return [int(k) for k in found][: self.limit]
+
+
+class _Tier(NamedTuple):
+    """The partitions end to end: where each starts (and, last, the total),
+    and the arrays over every position; `keep` says which positions are
+    alive and in the category (None: all of them)."""
+
+    offsets: list[int]
+    confidence: FloatArray
+    seq: IntArray
+    keep: BoolArray | None
+
+
+def _joined(partitions: Sequence[Ranked], offsets: list[int], category: str) -> _Tier:
+    """The partitions' arrays end to end, and which positions may match."""
     confidence = pruning.joined([p.confidence for p in partitions])
     seq = pruning.joined([p.seq for p in partitions])
     masks = [p.alive() for p in partitions]
@@ -202,65 +241,113 @@ def rank(
     if category:
         wanted = np.concatenate([p.category_mask(category) for p in partitions])
         keep = wanted if keep is None else keep & wanted
+    return _Tier(offsets, confidence, seq, keep)
 
-    # Rank deep enough that `limit` remain once `leave_out` is left out.
-    deeper = None if limit is None else limit + len(leave_out)
 
-    def kept(ordered: Iterable[int]) -> list[int]:
-        found = [k for k in ordered if int(seq[k]) not in leave_out] if leave_out else ordered
-        return [int(k) for k in found][:limit]
+def _rank_arrays(
+    partitions: Sequence[Ranked], query: _Query, category: str, prune: bool | None
+) -> list[tuple[Memory, float]]:
+    """rank() in numpy arrays, over any partitions."""
+    offsets = [0]
+    for p in partitions:
+        offsets.append(offsets[-1] + p.size)
+    live = sum(p.count for p in partitions)
+    if not live:
+        return []
+    tier = _joined(partitions, offsets, category)
+    if not query.keywords and query.semantic is None:
+        positions = query.kept(_by_confidence(partitions, tier, query.deeper), tier.seq)
+        confidences = [float(tier.confidence[k]) for k in positions]
+        return _fetched(partitions, offsets, positions, confidences)
+    postings = _looked_up(partitions, query.keywords, live)
+    if prune is None:
+        prune = offsets[-1] >= PRUNE_FROM
+    pruned = None
+    deeper = query.deeper
+    if prune and query.semantic is None and not query.match_all and deeper is not None:
+        pruned = pruning.pruned(
+            postings, offsets, tier.keep, tier.confidence, query.weights, deeper
+        )
+    candidates, scores = pruned if pruned is not None else _summed(postings, tier, query)
+    if not len(candidates):
+        return []
+    blended = _blended(candidates, scores, tier.confidence, query)
+    ordered, ordered_blends = _first(candidates, blended, tier.seq, deeper)
+    score = dict(zip(ordered, ordered_blends, strict=True))
+    positions = query.kept(ordered, tier.seq)
+    return _fetched(partitions, offsets, positions, [score[k] for k in positions])
 
-    if not keywords and semantic is None:
-        recency = pruning.joined([p.recency for p in partitions])
-        if deeper is None:
-            order = np.lexsort((seq, -recency, -confidence))
-            chosen = order if keep is None else order[keep[order]]
-            positions = kept(chosen.tolist())
-        else:
-            positions = kept(top_by_confidence(confidence, recency, seq, keep, deeper))
-        return _fetched(partitions, offsets, positions, [float(confidence[k]) for k in positions])
 
-    unique = list(dict.fromkeys(keywords))
+def _by_confidence(partitions: Sequence[Ranked], tier: _Tier, deeper: int | None) -> list[int]:
+    """The kept positions, or the first `deeper` of them, by confidence, then
+    recency, then seq: a query without keywords."""
+    recency = pruning.joined([p.recency for p in partitions])
+    confidence, seq, keep = tier.confidence, tier.seq, tier.keep
+    if deeper is None:
+        order = np.lexsort((seq, -recency, -confidence))
+        chosen = order if keep is None else order[keep[order]]
+        found: list[int] = chosen.tolist()
+        return found
+    return top_by_confidence(confidence, recency, seq, keep, deeper)
+
+
+def _looked_up(partitions: Sequence[Ranked], keywords: Sequence[str], live: int) -> list[_Postings]:
+    """Each distinct query term's idf over the live entries, and its postings."""
     postings: list[_Postings] = []
-    for term in unique:
+    for term in dict.fromkeys(keywords):
         found = [(pi, got) for pi, p in enumerate(partitions) if (got := p.term(term)) is not None]
         df = sum(len(got.positions) for _, got in found)
         postings.append(_Postings(math.log(1 + (live - df + 0.5) / (df + 0.5)), found, df))
-    if prune is None:
-        prune = total >= PRUNE_FROM
-    pruned = None
-    if prune and semantic is None and not match_all and deeper is not None:
-        pruned = pruning.pruned(postings, offsets, keep, confidence, weights, deeper)
-    if pruned is not None:
-        candidates, scores = pruned
-    else:
-        bm25 = np.zeros(total, dtype=np.float64)
-        # Counted only for match_all: any match leaves a positive score (every
-        # idf and every weight is), so bm25 > 0 says which entries matched.
-        matched = np.zeros(total, dtype=np.int32) if match_all else None
-        for term_postings in postings:
-            for pi, got in term_postings.found:
-                at = got.positions + offsets[pi] if offsets[pi] else got.positions
-                # A term lists an entry at most once: plain fancy indexing adds safely.
-                bm25[at] += term_postings.idf * got.all()
-                if matched is not None:
-                    matched[at] += 1
-        hit = bm25 > 0 if matched is None else matched >= len(unique)
-        if semantic is not None:
-            hit |= semantic.cosines >= semantic.floor
-        if keep is not None:
-            hit &= keep
-        candidates = np.nonzero(hit)[0]
-        scores = bm25[candidates]
-    if not len(candidates):
-        return []
+    return postings
+
+
+def _summed(postings: list[_Postings], tier: _Tier, query: _Query) -> tuple[IntArray, FloatArray]:
+    """The matching positions and their BM25 scores, every posting added up."""
+    offsets = tier.offsets
+    bm25 = np.zeros(offsets[-1], dtype=np.float64)
+    # Counted only for match_all: any match leaves a positive score (every
+    # idf and every weight is), so bm25 > 0 says which entries matched.
+    matched = np.zeros(offsets[-1], dtype=np.int32) if query.match_all else None
+    for term_postings in postings:
+        for pi, got in term_postings.found:
+            at = got.positions + offsets[pi] if offsets[pi] else got.positions
+            # A term lists an entry at most once: plain fancy indexing adds safely.
+            bm25[at] += term_postings.idf * got.all()
+            if matched is not None:
+                matched[at] += 1
+    hit = bm25 > 0 if matched is None else matched >= len(postings)
+    if query.semantic is not None:
+        hit |= query.semantic.cosines >= query.semantic.floor
+    if tier.keep is not None:
+        hit &= tier.keep
+    candidates = np.nonzero(hit)[0]
+    return candidates, bm25[candidates]
+
+
+def _blended(
+    candidates: IntArray, scores: FloatArray, confidence: FloatArray, query: _Query
+) -> FloatArray:
+    """The candidates' blend: BM25 scaled to the best (with the semantic
+    spread, if any) and confidence."""
     best = float(scores.max())
     similarity = scores / best if best > 0 else scores
+    semantic = query.semantic
     if semantic is not None:
         similarity = (1 - semantic.weight) * similarity + semantic.weight * spread(
             semantic.cosines[candidates]
         )
-    blended = weights.similarity * similarity + weights.confidence * (confidence[candidates])
+    weights = query.weights
+    blended: FloatArray = (
+        weights.similarity * similarity + weights.confidence * (confidence[candidates])
+    )
+    return blended
+
+
+def _first(
+    candidates: IntArray, blended: FloatArray, seq: IntArray, deeper: int | None
+) -> tuple[list[int], list[float]]:
+    """The first `deeper` candidates (all with None) and their blends, by
+    blend, then insertion order."""
     if deeper is not None and len(candidates) > deeper:
         # Everything scoring at least the deeper-th best, ties included, then
         # the exact order (score, then insertion) on that small set.
@@ -270,9 +357,7 @@ def rank(
     order = np.lexsort((seq[candidates], -blended))
     if deeper is not None:
         order = order[:deeper]
-    score = dict(zip(candidates[order].tolist(), blended[order].tolist(), strict=True))
-    positions = kept(candidates[order].tolist())
-    return _fetched(partitions, offsets, positions, [score[k] for k in positions])
+    return candidates[order].tolist(), blended[order].tolist()
 
 
 class _Postings(NamedTuple):

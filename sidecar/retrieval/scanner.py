@@ -114,14 +114,9 @@ def _in_word_break_script(ch: str) -> bool:
 def _invisible(text: str) -> str | None:
     """The first invisible character doing something other than its job in
     ordinary writing, or None."""
-    selectors = _SELECTOR_RUN.search(text)
-    if selectors:
-        return selectors.group()[1]
-    for selector in _SELECTORS.finditer(text):
-        # After a Latin letter a selector selects nothing: it carries data.
-        base = text[selector.start() - 1] if selector.start() else ""
-        if not base or (base.isascii() and base.isalpha()):
-            return selector.group()
+    stray = _stray_selector(text)
+    if stray is not None:
+        return stray
     rtl = None
     skip_to = 0
     for found in _CANDIDATES.finditer(text):
@@ -131,50 +126,84 @@ def _invisible(text: str) -> str | None:
         ch = text[i]
         before = text[i - 1] if i else ""
         after = text[i + 1] if i + 1 < len(text) else ""
-        if ch == _ZWJ and (
-            _is_emoji_part(before) or _is_emoji_part(after) or _joins_script(before, after)
-        ):
-            pass  # an emoji sequence, or a conjunct or chillu of an Indic script
-        elif ch == _ZWNJ and _joins_script(before, after):
-            pass  # Persian, Arabic, Indic: keeps two letters from joining
-        elif ch == _SOFT_HYPHEN and before.isalpha() and after.isalpha():
-            pass  # a hyphenation point inside a word
-        elif ch == "\u200b" and _in_word_break_script(before) and _in_word_break_script(after):
-            pass  # a word break in Khmer, Thai, Lao, Myanmar ...
-        elif ch in _BIDI_MARKS:
+        if ch in _BIDI_MARKS:
             if rtl is None:  # right-to-left letters, not these marks themselves
                 rtl = _RTL.search(_CANDIDATES.sub("", text)) is not None
             if not rtl or after in _BIDI_MARKS:
                 return ch  # no right-to-left text to steer, or marks in a run
-        elif 0x180B <= ord(ch) <= 0x180F and unicodedata.name(before, "").startswith("MONGOLIAN"):
-            pass  # Mongolian free variation selectors after a Mongolian letter
         elif ch in _ISOLATE_OPENERS:
-            # An isolate around right-to-left words inside other text (as
-            # the W3C recommends), closed, with nothing else hidden inside.
-            end = text.find(_POP_ISOLATE, i + 1)
-            inside = text[i + 1 : end] if end > 0 else ""
-            if not inside or not _RTL.search(inside) or _CANDIDATES.search(inside):
+            end = _isolate_end(text, i)
+            if end is None:
                 return ch
             skip_to = end + 1
         elif 0xE0020 <= ord(ch) <= 0xE007E:
-            # Tag characters spell subdivision flags (black flag, 2 to 7 tag
-            # letters or digits such as "gbsct", cancel tag) and nothing else:
-            # models read tags as ASCII.
-            end = i
-            while end < len(text) and 0xE0020 <= ord(text[end]) <= 0xE007E:
-                end += 1
-            spelled = "".join(chr(ord(c) - 0xE0000) for c in text[i:end])
-            if (
-                before != _BLACK_FLAG
-                or end >= len(text)
-                or text[end] != _CANCEL_TAG
-                or not (2 <= len(spelled) <= 7 and spelled.isalnum() and spelled.islower())
-            ):
+            end = _flag_tags_end(text, i)
+            if end is None:
                 return ch
             skip_to = end + 1
-        else:
+        elif not _in_its_place(ch, before, after):
             return ch
     return None
+
+
+def _stray_selector(text: str) -> str | None:
+    """The first variation selector that selects nothing (in a run, at the
+    start, or after a Latin letter), or None."""
+    selectors = _SELECTOR_RUN.search(text)
+    if selectors:
+        return selectors.group()[1]
+    for selector in _SELECTORS.finditer(text):
+        # After a Latin letter a selector selects nothing: it carries data.
+        base = text[selector.start() - 1] if selector.start() else ""
+        if not base or (base.isascii() and base.isalpha()):
+            return selector.group()
+    return None
+
+
+def _in_its_place(ch: str, before: str, after: str) -> bool:
+    """Whether this joiner, hyphen, space or selector, between these
+    characters, does its job in ordinary writing (any other character: no)."""
+    if ch == _ZWJ:
+        # An emoji sequence, or a conjunct or chillu of an Indic script.
+        return _is_emoji_part(before) or _is_emoji_part(after) or _joins_script(before, after)
+    if ch == _ZWNJ:
+        return _joins_script(before, after)  # Persian, Arabic, Indic: keeps two letters apart
+    if ch == _SOFT_HYPHEN:
+        return before.isalpha() and after.isalpha()  # a hyphenation point inside a word
+    if ch == "\u200b":  # a word break in Khmer, Thai, Lao, Myanmar ...
+        return _in_word_break_script(before) and _in_word_break_script(after)
+    # Mongolian free variation selectors after a Mongolian letter.
+    return 0x180B <= ord(ch) <= 0x180F and unicodedata.name(before, "").startswith("MONGOLIAN")
+
+
+def _isolate_end(text: str, i: int) -> int | None:
+    """Where the isolate opened at `i` is closed, if it is one around
+    right-to-left words inside other text (as the W3C recommends), with
+    nothing else hidden inside; else None."""
+    end = text.find(_POP_ISOLATE, i + 1)
+    inside = text[i + 1 : end] if end > 0 else ""
+    if not inside or not _RTL.search(inside) or _CANDIDATES.search(inside):
+        return None
+    return end
+
+
+def _flag_tags_end(text: str, i: int) -> int | None:
+    """Where the tag characters from `i` end, at their cancel tag, if they
+    spell a subdivision flag (black flag, 2 to 7 tag letters or digits such
+    as "gbsct", cancel tag), the only thing they may do (models read tags as
+    ASCII); else None."""
+    end = i
+    while end < len(text) and 0xE0020 <= ord(text[end]) <= 0xE007E:
+        end += 1
+    spelled = "".join(chr(ord(c) - 0xE0000) for c in text[i:end])
+    if (
+        (text[i - 1] if i else "") != _BLACK_FLAG
+        or end >= len(text)
+        or text[end] != _CANCEL_TAG
+        or not (2 <= len(spelled) <= 7 and spelled.isalnum() and spelled.islower())
+    ):
+        return None
+    return end
 
 
 _SECRETS = (
@@ -213,8 +242,22 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"ant[eé]rieures)\b",
             False,
             (
-                "ignor", "disregard", "forget", "overrid", "void", "cancel", "revoked", "null",
-                "lifted", "disabled", "suspended", "longer", "bypass", "disable", "turn", "reset",
+                "ignor",
+                "disregard",
+                "forget",
+                "overrid",
+                "void",
+                "cancel",
+                "revoked",
+                "null",
+                "lifted",
+                "disabled",
+                "suspended",
+                "longer",
+                "bypass",
+                "disable",
+                "turn",
+                "reset",
             ),
         ),
         (
@@ -260,8 +303,19 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"\b(reveal|print|show|repeat|leak|output|dump)\b.{0,20}\byour\s+(\w+\s+)?"
             r"(instructions|prompt|rules)\b",
             False,
-            ("<", "[", "#", "assistant", "reveal", "print", "show", "repeat", "leak", "output",
-             "dump"),
+            (
+                "<",
+                "[",
+                "#",
+                "assistant",
+                "reveal",
+                "print",
+                "show",
+                "repeat",
+                "leak",
+                "output",
+                "dump",
+            ),
         ),
         (
             "exfiltration",
@@ -299,11 +353,21 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool, tuple[str, ...]], ...] = tuple(
             r"\b(api[\s_-]?keys?|passwords?|secrets?|credentials?|tokens?)\b.{0,30}\b(share|"
             r"reveal|give|send)\s+(it|them)\s+(with|to)\s+(anyone|everyone|whoever|any\s+user)\b",
             True,
-            ("include", "append", "reveal", "share", "send", "print", "output", "paste", "tell",
-             "give"),
+            (
+                "include",
+                "append",
+                "reveal",
+                "share",
+                "send",
+                "print",
+                "output",
+                "paste",
+                "tell",
+                "give",
+            ),
         ),
     )
-)  # fmt: skip
+)
 
 # URLs, found in one linear pass and judged in Python: a query holding a
 # template placeholder, or a long encoded value in an image (a tracking
