@@ -155,19 +155,35 @@ def _still_wanted(context: Any) -> Callable[[], bool]:
     return wanted
 
 
+class FrozenAnswers(LRU[tuple[object, ...], pb.InjectForTurnResponse]):
+    """The frozen half of InjectForTurn answers, by what they hold: views
+    that render the same (every empty scope's, say) share one message, which
+    costs about a kilobyte. They hold rendered content: `clear` is one of the
+    engine's erasure listeners (MemoryEngine's `on_erasure`), so none
+    outlives an erasure."""
+
+    def __init__(self) -> None:
+        super().__init__(FROZEN_CACHE_SIZE)
+
+    def clear(self) -> None:
+        self.expire(math.inf)
+
+
 class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: MemoryEngine, limits: Limits, pages: paging.PageTokens) -> None:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        limits: Limits,
+        pages: paging.PageTokens,
+        frozen: FrozenAnswers,
+    ) -> None:
+        """`frozen`: the cache the engine empties on every erasure."""
         self._engine = engine
         self._limits = limits
         self._pages = pages
         self._tools = Tools(engine, limits)
-        # The frozen half of InjectForTurn answers, by what they hold: views
-        # that render the same (every empty scope's, say) share one message,
-        # which costs about a kilobyte.
-        self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
+        self._frozen = frozen
         self._export = ExportStream(engine, limits, read_tiers, pages)
-        # They hold rendered content: none outlives an erasure.
-        engine.forgetting.listeners.append(lambda: self._frozen.expire(math.inf))
 
     # --- request fields -----------------------------------------------------
 
@@ -275,7 +291,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             still_wanted=_still_wanted(context),
             match=match,
             tier=tier,
-            expiry=self._engine.expiry.for_update(requested_expiry(request)),
+            expiry=requested_expiry(request),
         )
         return pb.UpdateMemoryResponse(
             memory=memory_pb(memory),
@@ -307,9 +323,13 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         replication.caught_up(self._engine, scope, tiers, request.min_generation, context)
         # One more than the page holds: whether another page follows.
         memories, usage = self._engine.list_memories(
-            scope, tiers, category, after_seq=after, limit=size + 1,
+            scope,
+            tiers,
+            category,
+            after_seq=after,
+            limit=size + 1,
             include_expired=request.include_expired,
-        )  # fmt: skip
+        )
         settings = self._engine.settings(scope)
         response = pb.GetMemoriesResponse(
             usage=[usage_pb(tier, usage[tier], settings) for tier in tiers]
@@ -482,7 +502,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> Iterator[pb.WatchMemoriesResponse]:
         # A generator: the scope is checked at the first step, under the grant.
         scope, tiers = self._scope(request.scope), read_tiers(request.tier)
-        yield from watch.stream(self._engine.watches, scope, tiers, request, context, memory_pb)
+        yield from watch.stream(self._engine, scope, tiers, request, context, memory_pb)
 
     def ForgetUser(self, request: pb.ForgetUserRequest, context: Any) -> pb.ForgetUserResponse:
         return erasure.forget_user(self._engine, self._limits, request)
