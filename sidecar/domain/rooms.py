@@ -131,16 +131,7 @@ class Rooms:
         self._tokens = tokens or TokenCounter()
         self._now = now
         self._exports = Exports(store, config.server.max_concurrent_exports)
-        self._partitions = Partitions(
-            config,
-            store,
-            self._metrics,
-            self._tokens,
-            now=now,
-            changes=changes,
-            on_generation=self._generation_heard,
-            on_erased=(self._exports.erased, self._erasure_heard),
-        )
+        self._partitions = self._told_partitions(changes)
         # Without a feed this engine assumes it is the database's only writer.
         self._feed = self._partitions.feed
         self._expiry = Expiry(
@@ -173,6 +164,19 @@ class Rooms:
         self._misses = self._metrics.snapshot_lookups.labels("miss")
         self._system_tokens = self._metrics.injected_tokens.labels("system")
         self._turn_tokens = self._metrics.injected_tokens.labels("turn")
+
+    def _told_partitions(self, changes: bool) -> Partitions:
+        """The partitions, and whom they tell of generations and erasures."""
+        return Partitions(
+            self._config,
+            self._store,
+            self._metrics,
+            self._tokens,
+            now=self._now,
+            changes=changes,
+            on_generation=self._generation_heard,
+            on_erased=(self._exports.erased, self._erasure_heard),
+        )
 
     def _generation_heard(self, key: PartitionKey, generation: int) -> None:
         """Partitions.on_generation: wake the partition's watches."""
