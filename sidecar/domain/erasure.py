@@ -134,7 +134,7 @@ class Forgetting:
     def let_go(self, key: PartitionKey, generation: int, followed: bool) -> int:
         """Drop what this process built from the partition before its
         erasure at `generation`; how many sessions went. A listener of
-        Partitions.on_erased (wired by the engine)."""
+        Partitions.on_erased (wired by sidecar.domain.rooms)."""
         dropped = 0
         if followed:
 
