@@ -521,9 +521,12 @@ class Sidecar:
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
         # A cancelled export lets go of its read at its next response.
-        if exporting := self.engine.drain_exports(max(grace, 1.0)):
+        if not self.engine.drain_exports(max(grace, 1.0)):
             # Its read may then fail when the store closes under it.
-            log.warning("stopping while %d ExportMemories streams still read the store", exporting)
+            log.warning(
+                "stopping while %d ExportMemories streams still read the store",
+                self.engine.exports_running(),
+            )
         # Then the feed and the semantic backfill. An index save takes about a
         # second at a million entries; one that outlasts this is given up
         # (the next start indexes or replays).

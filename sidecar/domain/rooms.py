@@ -240,10 +240,14 @@ class Rooms:
         """Stop the event log's retention, once its pass under way is done."""
         self._watches.retention.stop()
 
-    def drain_exports(self, timeout: float) -> int:
-        """Wait up to `timeout` seconds until no export reads the store; how
-        many still do (0: none)."""
-        return 0 if self._exports.drain(timeout) else self._exports.running
+    def drain_exports(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until no export reads the store;
+        whether none does (Exports.drain)."""
+        return self._exports.drain(timeout)
+
+    def exports_running(self) -> int:
+        """Export streams holding a slot now."""
+        return self._exports.running
 
     def stop(self, timeout: float) -> bool:
         """Stop the feed and the semantic backfill, then the index saves
