@@ -10,18 +10,21 @@ listeners it tells (passed in at construction, never attached later):
   rendered answers). Watches and Forgetting need the partitions, so the
   partitions reach them through `Rooms`, built after.
 
+The change feed is the one exception: the store makes it inside Partitions,
+and Replication sets its session and resync callbacks when it is built.
+
 MemoryEngine (sidecar.domain.engine) is these rooms plus the orchestration
 of each request over them: the rooms stay private to the domain, and the
 edges call the engine's methods, those below among them. `inside()` hands
-the rooms to white-box tests and the bench.
+the rooms to white-box tests.
 
 The threads, started by sidecar.api.server in this order: the change feed
 (`start_feed`, before anything is served), then the event log's retention
-and the semantic backfill (`start_background`). Stopped, after the API
-drained: the watches first (`end_watches`, before the drain: they never end
-on their own), the retention, the exports' reads, then the feed, the
-backfill and the index saves (`stop`); or, when start-up failed, at once
-(`abort`).
+and the semantic backfill (`start_background`). Stopped: the watches first
+(`end_watches`, before the API drains: they never end on their own); once
+it has drained, the retention (`stop_retention`), the exports' reads
+(`drain_exports`), then the feed, the backfill and the index saves
+(`stop`). When start-up failed, all at once instead (`abort`).
 
 Owns: building and wiring the rooms, the labelled counters a turn touches,
 and the start and stop of the rooms' threads. Must not touch: what a request
@@ -94,7 +97,7 @@ def _sessions(config: Config, metrics: Metrics) -> SessionTable[View]:
 
 @dataclass(frozen=True, slots=True)
 class Inside:
-    """An engine's rooms, for white-box tests and the bench (Rooms.inside)."""
+    """An engine's rooms, for white-box tests (Rooms.inside)."""
 
     partitions: Partitions
     feed: ChangeFeed | None
@@ -187,8 +190,8 @@ class Rooms:
         return self._forgetting.let_go(key, generation, followed)
 
     def inside(self) -> Inside:
-        """The rooms themselves, for white-box tests and the bench; the
-        edges call the engine's methods instead."""
+        """The rooms themselves, for white-box tests of a room; the edges
+        call the engine's methods instead."""
         return Inside(
             partitions=self._partitions,
             feed=self._feed,
