@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -257,7 +257,12 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
     stores: list[Store] = []
     engines: list[MemoryEngine] = []
 
-    def make(yaml_text: str = "", *, changes: bool = False) -> tuple[MemoryEngine, Clock, Metrics]:
+    def make(
+        yaml_text: str = "",
+        *,
+        changes: bool = False,
+        on_erasure: Sequence[Callable[[], object]] = (),
+    ) -> tuple[MemoryEngine, Clock, Metrics]:
         path = tmp_path / "config.yaml"
         path.write_text(yaml_text)
         cfg = config_mod.load(path, environ={})
@@ -266,7 +271,9 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
         store.open()
         stores.append(store)
         clock = Clock()
-        engine = MemoryEngine(cfg, store, metrics=metrics, now=clock, changes=changes)
+        engine = MemoryEngine(
+            cfg, store, metrics=metrics, now=clock, changes=changes, on_erasure=on_erasure
+        )
         engines.append(engine)
         return engine, clock, metrics
 

@@ -134,7 +134,7 @@ def test_a_replica_whose_feed_stalled_stops_trusting_its_caches_before_the_call_
     # feed stops, however loaded the machine.
     a, b = (make_sidecar(FROZEN, change_heartbeat_ms=1000) for _ in range(2))
     frozen = seed_and_show(a, b)
-    feed = b.sidecar.engine.feed
+    feed = b.sidecar.engine.inside().feed
     assert feed is not None
     # B hears nothing from here on, but still trusts its caches for a while.
     feed.stop()
@@ -172,7 +172,9 @@ def test_sessions_of_this_replica_that_showed_the_user_are_dropped(
     assert registry.get_sample_value(*sample) == 3
 
 
-def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEngine) -> None:
+def test_a_frozen_view_that_outlived_the_drop_is_not_served(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A turn that built its view from partitions read before the erasure may
     # attach it after the sessions were dropped: the frozen block must not
     # be served from it (nothing here drops sessions, to isolate that check).
@@ -181,8 +183,8 @@ def test_a_frozen_view_that_outlived_the_drop_is_not_served(make_engine: MakeEng
     engine.add(NewEntry(scope, Tier.USER, SECRET))
     assert SECRET in engine.inject(scope, "s").system_block
     assert engine.inject(scope, "s").cache_hit
-    engine.partitions.on_erased.clear()
-    erasure = engine.forgetting.forget_user("ada", actor="test")
+    monkeypatch.setattr(engine.inside().partitions, "on_erased", ())
+    erasure = engine.forget_user("ada", actor="test")
     assert erasure.sessions == 0  # its session kept its view
     turn = engine.inject(scope, "s")
     assert not turn.cache_hit
@@ -196,7 +198,7 @@ def test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica(
     # client retries on B, whose feed has not delivered it yet.
     a, b = make_sidecar(FROZEN), make_sidecar(FROZEN)
     frozen = seed_and_show(a, b)
-    feed = b.sidecar.engine.feed
+    feed = b.sidecar.engine.inside().feed
     assert feed is not None
     feed.stop()
     keys = [(Tier.USER, "ada")]
@@ -212,16 +214,16 @@ def test_a_repeat_waits_for_the_other_replicas_too(
 ) -> None:
     # The first call may have died before its wait: the repeat waits instead.
     engine, _, _ = make_engine(changes=True)
-    assert engine.feed is not None
+    assert engine.inside().feed is not None
     waits: list[float] = []
-    monkeypatch.setattr(engine.forgetting, "_sleep", waits.append)
+    monkeypatch.setattr(engine.inside().forgetting, "_sleep", waits.append)
     engine.add(NewEntry(Scope("coder", "ada"), Tier.USER, SECRET))
-    engine.forgetting.forget_user("ada", actor="test")
-    repeat = engine.forgetting.forget_user("ada", actor="test")
+    engine.forget_user("ada", actor="test")
+    repeat = engine.forget_user("ada", actor="test")
     assert repeat.erased.memories == 0
-    assert waits == [engine.feed.settle_seconds] * 2
+    assert waits == [engine.inside().feed.settle_seconds] * 2
     # Nothing was ever erased there: nothing to wait for.
-    engine.forgetting.forget_user("nobody", actor="test")
+    engine.forget_user("nobody", actor="test")
     assert len(waits) == 2
 
 
@@ -245,13 +247,13 @@ def test_an_erasure_heard_of_while_erasing_the_same_partition_is_applied(
     erase = Erasure.erase
 
     def hearing_the_news(self: Erasure, *args: Any, **kwargs: Any) -> Erased:
-        engine.partitions.heard("ada", "user", first.generation, first.generation)
+        engine.inside().partitions.heard("ada", "user", first.generation, first.generation)
         # Only the news tells of it here (not what the erasure read: see
         # test_a_retry_that_finds_nothing_left_still_lets_go_on_its_replica).
         return dataclasses.replace(erase(self, *args, **kwargs), earlier=())
 
     monkeypatch.setattr(Erasure, "erase", hearing_the_news)
-    forgotten = engine.forgetting.forget_user("ada", actor="test")
+    forgotten = engine.forget_user("ada", actor="test")
     assert forgotten.erased.memories == 0
     assert forgotten.sessions == 1
     turn = engine.inject(scope, "s")
@@ -269,8 +271,8 @@ def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
     assert engine.inject(scope, "s").cache_hit
     # The janitor let go of the partition (its erasure record goes with it),
     # and the erasure then finds nothing here to drop.
-    engine.partitions.expire(float("inf"), held=())
-    assert engine.forgetting.forget_user("ada", actor="test").sessions == 0
+    engine.inside().partitions.expire(float("inf"), held=())
+    assert engine.forget_user("ada", actor="test").sessions == 0
     turn = engine.inject(scope, "s")
     assert not turn.cache_hit
     assert SECRET not in turn.system_block
@@ -280,15 +282,14 @@ def test_a_frozen_view_of_a_partition_no_longer_followed_is_not_served(
 def test_a_replayed_erasure_of_a_partition_not_followed_is_handled_once(
     make_engine: MakeEngine,
 ) -> None:
-    engine, _, _ = make_engine()
     emptied: list[int] = []
-    engine.forgetting.listeners.append(lambda: emptied.append(1))
+    engine, _, _ = make_engine(on_erasure=[lambda: emptied.append(1)])
     # The feed replays the erasure: a PostgreSQL listener that reconnects
     # reads every state row again.
     for _ in range(3):
-        engine.partitions.heard("ada", "user", 7, 7)
+        engine.inside().partitions.heard("ada", "user", 7, 7)
     assert len(emptied) == 1
-    engine.partitions.heard("ada", "user", 9, 9)  # a newer erasure
+    engine.inside().partitions.heard("ada", "user", 9, 9)  # a newer erasure
     assert len(emptied) == 2
 
 

@@ -342,14 +342,14 @@ def test_the_sweep_removes_expired_rows_in_batches(
         wait_past(clock, added)
     assert row_count(sidecar) == 7
 
-    assert sidecar.sidecar.engine.expiry.run_once() == 6
+    assert sidecar.sidecar.engine.sweep_expired() == 6
     assert row_count(sidecar) == 1
     expired = events(sidecar, "expire")
     assert {m for _, m in expired} == {a.memory.id for a in [*brief, other]}
     # Two entries per transaction: the coder's five took three generations.
     mine = {a.memory.id for a in brief}
     assert len({g for g, m in expired if m in mine}) == 3
-    assert sidecar.sidecar.engine.expiry.run_once() == 0
+    assert sidecar.sidecar.engine.sweep_expired() == 0
     assert contents(sidecar.list(scope=SCOPE, include_expired=True)) == ["note kept"]
 
 
@@ -377,7 +377,7 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
     first = sidecar.turn("s", "staging", scope=SCOPE)
     key = (Tier.MEMORY, SCOPE.agent_id)
-    held = sidecar.sidecar.engine.partitions.cached(key)
+    held = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(held, CompactPartition)
     assert brief.memory.id in first.system_block_memory_ids
 
@@ -386,15 +386,15 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
     assert brief.memory.id not in after.system_block_memory_ids
     assert brief.memory.id not in after.injected_memory_ids
     # Still the same compact partition: nothing was loaded again.
-    assert sidecar.sidecar.engine.partitions.cached(key) is held
+    assert sidecar.sidecar.engine.inside().partitions.cached(key) is held
     found = sidecar.stub.SearchMemories(
         pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=10
     )
     assert list(found.hits) == []
 
     # The sweep's removal reaches the cached compact partition as a delete.
-    assert sidecar.sidecar.engine.expiry.run_once() == 1
-    swept = sidecar.sidecar.engine.partitions.cached(key)
+    assert sidecar.sidecar.engine.sweep_expired() == 1
+    swept = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(swept, CompactPartition)
     assert swept.count == 5
     assert swept.storage is held.storage
@@ -458,7 +458,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
     engine = MemoryEngine(settings.Config(), store)
     try:
         scope = Scope("coder", "ada")
-        expires = engine.expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))
+        expires = engine.inside().expiry.for_add(scope, Tier.MEMORY, Requested(ttl_seconds=60))
         assert expires == Expires.at(to_micros(clock.now) + 60_000_000)
         text = "The staging cluster is down"
         brief = engine.add(NewEntry(scope, Tier.MEMORY, text), expiry=Requested(ttl_seconds=60))
@@ -468,7 +468,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
 
         clock.now += timedelta(seconds=59)
         assert engine.inject(scope, "s").cache_hit
-        assert engine.expiry.run_once() == 0
+        assert engine.sweep_expired() == 0
         clock.now += timedelta(seconds=1)
         after = engine.inject(scope, "s")
         assert not after.cache_hit
@@ -480,7 +480,7 @@ def test_the_injected_clock_decides_what_has_expired(tmp_path: Path) -> None:
         everything, _ = engine.list_memories(scope, [Tier.MEMORY], "", include_expired=True)
         assert brief.memory.id in {m.id for m in everything}
 
-        assert engine.expiry.run_once() == 1
+        assert engine.sweep_expired() == 1
         everything, _ = engine.list_memories(scope, [Tier.MEMORY], "", include_expired=True)
         assert [m.content for m in everything] == ["The repo uses uv"]
     finally:
@@ -497,14 +497,14 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
     sidecar.turn("s", "staging", scope=SCOPE)
     key = (Tier.MEMORY, SCOPE.agent_id)
-    held = sidecar.sidecar.engine.partitions.cached(key)
+    held = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(held, CompactPartition)
     wait_past(clock, brief)
 
     added = sidecar.add("The staging cluster is back", scope=SCOPE)
     assert added.usage.entry_count == 6
     assert [m for _, m in events(sidecar, "expire")] == [brief.memory.id]
-    written = sidecar.sidecar.engine.partitions.cached(key)
+    written = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(written, CompactPartition)
     assert written.storage is held.storage
     assert written.count == 6
@@ -512,7 +512,7 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     assert added.memory.id in turn.system_block_memory_ids
     assert brief.memory.id not in turn.system_block_memory_ids
     # Nothing was loaded again for it.
-    now_held = sidecar.sidecar.engine.partitions.cached(key)
+    now_held = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(now_held, CompactPartition)
     assert now_held.storage is held.storage
     assert now_held.generation > held.generation
@@ -530,7 +530,7 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
     sidecar.turn("s", "staging", scope=SCOPE)
     key = (Tier.MEMORY, SCOPE.agent_id)
-    held = sidecar.sidecar.engine.partitions.cached(key)
+    held = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(held, CompactPartition)
     wait_past(clock, brief)
 
@@ -540,7 +540,7 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     assert not again.created
     assert again.memory.id == existing.memory.id
     assert [m for _, m in events(sidecar, "expire")] == [brief.memory.id]
-    cached = sidecar.sidecar.engine.partitions.cached(key)
+    cached = sidecar.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(cached, CompactPartition)
     assert cached.count == 6
     found = sidecar.stub.SearchMemories(
@@ -583,7 +583,7 @@ def test_a_write_removes_at_most_a_batch_of_expired_entries(
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(error).reason == "EXPIRED"
     assert len(events(sidecar, "expire")) == 6
-    assert sidecar.sidecar.engine.expiry.run_once() == 4
+    assert sidecar.sidecar.engine.sweep_expired() == 4
     assert row_count(sidecar) == 2
 
 

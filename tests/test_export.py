@@ -275,7 +275,7 @@ def test_a_cancelled_export_lets_go_of_its_slot_and_connection(make_sidecar: Mak
     seed(running, 1200, 4000)
     stream = exporting(running, scope=SCOPE, batch_size=10)
     next(stream)
-    exports = running.sidecar.engine.exports
+    exports = running.sidecar.engine.inside().exports
     assert exports.running == 1
     assert _connections_in_use(running) == 1
     error = refused(export, running, scope=SCOPE)
@@ -297,7 +297,7 @@ def test_stopping_the_daemon_mid_export_ends_the_stream_first(make_sidecar: Make
     received = [next(stream)]
     running.sidecar.stop(grace=0.2)
     # stop() returned: no export reads any more, so the store may close.
-    assert running.sidecar.engine.exports.running == 0
+    assert running.sidecar.engine.inside().exports.running == 0
     assert _connections_in_use(running) == 0
     with pytest.raises(grpc.RpcError) as cut:
         received.extend(stream)
@@ -310,7 +310,7 @@ def test_stopping_says_when_an_export_outlives_the_drain(
 ) -> None:
     running = make_sidecar(UNLIMITED)
     # A stream stuck in a read: its slot is never let go of.
-    with running.sidecar.engine.exports.slot(), caplog.at_level(logging.WARNING):
+    with running.sidecar.engine.inside().exports.slot(), caplog.at_level(logging.WARNING):
         running.sidecar.stop(grace=0)
     assert "1 ExportMemories streams still read the store" in caplog.text
 

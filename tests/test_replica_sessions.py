@@ -50,7 +50,7 @@ class Gate:
     in the feed's thread until the gate opens."""
 
     def __init__(self, running: Running) -> None:
-        feed = running.sidecar.engine.feed
+        feed = running.sidecar.engine.inside().feed
         assert feed is not None
         self._feed = feed
         self._deliver = feed._on_change
@@ -141,7 +141,7 @@ def test_a_replica_whose_feed_is_down_serves_a_frozen_block_only_while_current(
     gates(b)  # B's feed stalls: unverified after a few missed cycles
     a.add("Deploys go through ArgoCD", scope=SCOPE)
     a.stub.NotifyCompaction(pb.NotifyCompactionRequest(session_id="s", scope=SCOPE))
-    feed = b.sidecar.engine.feed
+    feed = b.sidecar.engine.inside().feed
     assert feed is not None
     eventually(lambda: not feed.verified, "B's feed turns unverified")
     assert "ArgoCD" in b.turn("s", scope=SCOPE).system_block
@@ -151,7 +151,7 @@ def test_a_malformed_session_event_is_ignored_and_the_feed_goes_on(
     make_sidecar: MakeSidecar,
 ) -> None:
     a, b = make_sidecar(), make_sidecar()
-    feed = a.sidecar.engine.feed
+    feed = a.sidecar.engine.inside().feed
     assert feed is not None
     # Sent the way a session event is (SQLite: a row; PostgreSQL: a NOTIFY).
     for payload in ("not json", '["session"]', '["session", "x", "end", 1]', "{}"):
@@ -162,7 +162,7 @@ def test_a_malformed_session_event_is_ignored_and_the_feed_goes_on(
     # bad events: by then a feed that choked on them has counted a failure.
     a.add("Deploys go through ArgoCD", scope=SCOPE)
     eventually(lambda: found(b, "ArgoCD"), "B still hears A's writes")
-    b_feed = b.sidecar.engine.feed
+    b_feed = b.sidecar.engine.inside().feed
     assert b_feed is not None
     assert b_feed.failures == 0
 

@@ -283,7 +283,7 @@ def test_a_resume_from_before_the_horizon_is_refused(
     synced_at = first.next().generation
     running.add("logged since", scope=SCOPE)
     # Eight days on, the week's retention prunes what was logged before.
-    retention = running.sidecar.engine.watches.retention
+    retention = running.sidecar.engine.inside().watches.retention
     assert retention.run_once(datetime.now(UTC) + timedelta(days=8)) == 2
     error = refused(lambda: watchers(running.stub, 1).next())
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -309,7 +309,7 @@ def test_an_idle_watch_keeps_a_resume_point_past_other_scopes_pruned_events(
     other = pb.Scope(agent_id="reviewer", user_id="bob")
     for n in range(3):
         running.add(f"another scope's note {n}", scope=other)
-    newest = running.sidecar.engine.watches.log.newest()
+    newest = running.sidecar.engine.inside().watches.log.newest()
     # The idle watch's bookmark: a SYNC past the other scope's generations.
     bookmark = watcher.next()
     while bookmark.generation < newest:
@@ -317,7 +317,7 @@ def test_an_idle_watch_keeps_a_resume_point_past_other_scopes_pruned_events(
     assert bookmark.kind == K.KIND_SYNC
     assert bookmark.generation > synced_at
     # Eight days on, the other scope's events are pruned.
-    retention = running.sidecar.engine.watches.retention
+    retention = running.sidecar.engine.inside().watches.retention
     assert retention.run_once(datetime.now(UTC) + timedelta(days=8)) == 3
     mine = running.add("this scope's next note", scope=SCOPE).memory
     event = watcher.next()

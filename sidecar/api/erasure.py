@@ -8,7 +8,7 @@ only erase what it lists. The erase grant is checked first: a token that
 may not erase learns nothing about scopes.
 
 Owns: the erasure RPCs' checks and rendering. Must not touch: the store,
-partitions or sessions (only MemoryEngine.forgetting), statuses, grpc.
+partitions or sessions (only MemoryEngine's erasures), statuses, grpc.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def forget_user(
             metadata={"field": "user_id"},
         )
     access.authorize_user(user_id)
-    forgotten = engine.forgetting.forget_user(user_id, actor=actor)
+    forgotten = engine.forget_user(user_id, actor=actor)
     return pb.ForgetUserResponse(erasure=erasure_pb(forgotten))
 
 
@@ -46,7 +46,7 @@ def delete_scope(
 ) -> pb.DeleteScopeResponse:
     """`actor` from access.authorize_erasure, `scope` checked and authorized
     by the service (MemoryService._scope), `tiers` the request's."""
-    forgotten = engine.forgetting.delete_scope(scope, tiers, actor=actor)
+    forgotten = engine.delete_scope(scope, tiers, actor=actor)
     return pb.DeleteScopeResponse(erasure=erasure_pb(forgotten))
 
 

@@ -21,7 +21,7 @@ the read transaction ends and the connection goes back to the pool.
 
 Owns: ExportMemories' request checks (scope and grant, for_user, batch
 size, cursor) and its responses. Must not touch: the store or SQL (only
-MemoryEngine.exports), statuses (sidecar.api.interceptors maps errors).
+MemoryEngine's exports), statuses (sidecar.api.interceptors maps errors).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class ExportStream:
         read_tiers: Callable[[int], tuple[Tier, ...]],
         pages: paging.PageTokens,
     ) -> None:
-        self._exports = engine.exports
+        self._engine = engine
         self._limits = limits
         self._pages = pages
         # service.read_tiers, handed in: this module sits beside the service
@@ -124,7 +124,7 @@ class ExportStream:
             access.authorize_user(scope.user_id)
         else:
             access.authorize(scope)
-        partitions = self._exports.partitions(scope, tiers, for_user=request.for_user)
+        partitions = self._engine.export_partitions(scope, tiers, for_user=request.for_user)
         return partitions, paging.digest(_KIND, partitions)
 
     def __call__(
@@ -139,8 +139,8 @@ class ExportStream:
                 metadata={"batch_size": request.batch_size},
             )
         batch = min(request.batch_size or DEFAULT_BATCH, MAX_BATCH)
-        with self._exports.slot(), self._exports.reading(partitions) as erased_since:
-            entries = self._exports.entries(partitions, after, batch)
+        with self._engine.exporting(partitions) as erased_since:
+            entries = self._engine.export_entries(partitions, after, batch)
             try:
                 yield from self._responses(entries, after, batch, bound_to, context, erased_since)
             finally:

@@ -9,9 +9,9 @@ leaking the exception's text to the client.
 
 Owns: SidecarError to status (INTERNAL for anything else), the per-call metrics,
 bearer-token authentication (TokenFile, AuthInterceptor), the start-up gate
-(StartupGate) and `_KINDS`.
-Must not touch: the engine, the store, request fields (sidecar.api.service checks each scope
-against the grant set here). sidecar.api.tracing imports the private `_KINDS`.
+(StartupGate) and `_KINDS`. Must not touch: the engine, the store, request
+fields (sidecar.api.service checks each scope against the grant set here).
+sidecar.api.tracing imports the private `_KINDS`.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.to_thread
 import uvicorn
+from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -304,47 +305,9 @@ class McpListener:
 
     def _app(self, port: int) -> ASGIApp:
         server = self._config.server
-        # The input schemas do not depend on the scope (only the descriptions
-        # state its budgets): read once, for the SDK's Mcp-Param check. A
-        # schema that declares no Mcp-Param header has nothing to check (the
-        # SDK walks it on every call to find out): None, as the SDK asks.
-        schemas = {name: schema for name, schema in SCHEMAS.items() if _declares_headers(schema)}
-        counter = self._calls
-        # As many engine calls at once as the API has workers.
-        limiter = anyio.CapacityLimiter(server.max_workers)
-
-        async def offload(run: Callable[[], T]) -> T:
-            return await anyio.to_thread.run_sync(run, limiter=limiter)
-
-        # The counter's children, looked up once (the labels are bounded:
-        # mcp_server.TOOL_NAMES and "unknown", three outcomes).
-        children: dict[tuple[str, str], Any] = {}
-
-        def counted(tool: str, outcome: str) -> None:
-            child = children.get((tool, outcome))
-            if child is None:
-                child = children[tool, outcome] = counter.labels(tool, outcome)
-            child.inc()
-
-        mcp = mcp_server.build(
-            _resolve(self._tools),
-            counted=counted,
-            offload=offload,
-            get_tool_input_schema=schemas.get,
-        )
-        if is_loopback(server.mcp_listen):
-            hosts = ("127.0.0.1", "localhost", "[::1]")
-            scheme = "https" if server.tls_cert_file else "http"
-            security = TransportSecuritySettings(
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=[f"{h}:{port}" for h in hosts],
-                allowed_origins=[f"{scheme}://{h}:{port}" for h in hosts],
-            )
-        else:
-            security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         manager = StreamableHTTPSessionManager(
-            app=mcp,
-            security_settings=security,
+            app=self._mcp_server(),
+            security_settings=self._security(port),
             max_request_body_size=server.max_request_bytes,
             # Each answer as one JSON body rather than an SSE stream: the
             # server sends nothing before its answer, and an SSE stream per
@@ -365,6 +328,53 @@ class McpListener:
             routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan
         )
         return _Gate(app, self._auth, server.limits(), end, self._refused)
+
+    def _mcp_server(self) -> Server[Any]:
+        """sidecar.api.mcp_server over the tools, its engine calls on worker
+        threads, its tool calls counted."""
+        # The input schemas do not depend on the scope (only the descriptions
+        # state its budgets): read once, for the SDK's Mcp-Param check. A
+        # schema that declares no Mcp-Param header has nothing to check (the
+        # SDK walks it on every call to find out): None, as the SDK asks.
+        schemas = {name: schema for name, schema in SCHEMAS.items() if _declares_headers(schema)}
+        counter = self._calls
+        # As many engine calls at once as the API has workers.
+        limiter = anyio.CapacityLimiter(self._config.server.max_workers)
+
+        async def offload(run: Callable[[], T]) -> T:
+            return await anyio.to_thread.run_sync(run, limiter=limiter)
+
+        # The counter's children, looked up once (the labels are bounded:
+        # mcp_server.TOOL_NAMES and "unknown", three outcomes).
+        children: dict[tuple[str, str], Any] = {}
+
+        def counted(tool: str, outcome: str) -> None:
+            child = children.get((tool, outcome))
+            if child is None:
+                child = children[tool, outcome] = counter.labels(tool, outcome)
+            child.inc()
+
+        return mcp_server.build(
+            _resolve(self._tools),
+            counted=counted,
+            offload=offload,
+            get_tool_input_schema=schemas.get,
+        )
+
+    def _security(self, port: int) -> TransportSecuritySettings:
+        """On a loopback address, the SDK's DNS-rebinding check: Host and
+        Origin must name the address itself. Off loopback a token is
+        required instead (sidecar.config.settings)."""
+        server = self._config.server
+        if not is_loopback(server.mcp_listen):
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        hosts = ("127.0.0.1", "localhost", "[::1]")
+        scheme = "https" if server.tls_cert_file else "http"
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[f"{h}:{port}" for h in hosts],
+            allowed_origins=[f"{scheme}://{h}:{port}" for h in hosts],
+        )
 
     def _uvicorn_config(self, app: ASGIApp) -> uvicorn.Config:
         server = self._config.server

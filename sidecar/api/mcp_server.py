@@ -151,6 +151,103 @@ async def _worker_thread(run: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(run)
 
 
+async def _list_resources(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
+    return types.ListResourcesResult(resources=[FROZEN_BLOCK])
+
+
+async def _list_prompts(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
+    return types.ListPromptsResult(prompts=[MEMORY_CONTEXT])
+
+
+class _Handlers:
+    """The handlers that reach a backend: each finds the request's with
+    `resolve` and runs its blocking call through `offload`."""
+
+    def __init__(self, resolve: Resolve, count: Counted, offload: Offload) -> None:
+        self._resolve = resolve
+        self._count = count
+        self._offload = offload
+
+    async def _answer(self, run: Callable[[], T]) -> T:
+        """`run`'s result off the event loop; a SidecarError as its MCP error,
+        anything else unexpected as INTERNAL_ERROR (logged)."""
+        try:
+            return await self._offload(run)
+        except SidecarError as exc:
+            raise to_mcp_error(exc) from None
+        except MCPError:
+            raise
+        except Exception:
+            # The exception's text stays in the log, as for a gRPC call.
+            log.exception("unhandled error in an MCP request")
+            raise MCPError(
+                types.INTERNAL_ERROR, "internal error; the sidecar's log has the details"
+            ) from None
+
+    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
+        backend = self._resolve(ctx)
+        definitions = await self._answer(backend.definitions)
+        return types.ListToolsResult(tools=[_tool(d) for d in definitions])
+
+    async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
+        backend = self._resolve(ctx)
+        label = params.name if params.name in TOOL_NAMES else "unknown"
+        arguments = params.arguments or {}
+        try:
+            result = await self._answer(lambda: backend.call(params.name, arguments))
+        except MCPError:
+            self._count(label, "failed")
+            raise
+        self._count(label, "error" if result.is_error else "ok")
+        # The wire form of a CallToolResult, as a dict: the SDK validates a
+        # result against the protocol's schema either way, and a model would
+        # only be built here to be dumped back to this dict (make bench, 17).
+        return {
+            "content": [{"type": "text", "text": result.text}],
+            "structuredContent": result.structured,
+            "isError": result.is_error,
+            "resultType": "complete",
+        }
+
+    async def read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> Any:
+        if params.uri != FROZEN_BLOCK_URI:
+            raise _invalid(
+                f"no resource {params.uri!r}; the one resource is {FROZEN_BLOCK_URI}",
+                uri=params.uri,
+            )
+        backend = self._resolve(ctx)
+        block = await self._answer(backend.frozen_block)
+        text = types.TextResourceContents(uri=FROZEN_BLOCK_URI, mime_type="text/plain", text=block)
+        return types.ReadResourceResult(contents=[text])
+
+    async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> Any:
+        if params.name != PROMPT:
+            raise _invalid(
+                f"no prompt {params.name!r}; the one prompt is {PROMPT}", name=params.name
+            )
+        message = (params.arguments or {}).get(PROMPT_ARGUMENT)
+        if message is None:
+            raise _invalid(
+                f"{PROMPT} needs the argument {PROMPT_ARGUMENT}", argument=PROMPT_ARGUMENT
+            )
+        backend = self._resolve(ctx)
+        turn = await self._answer(lambda: backend.turn_context(message))
+        return types.GetPromptResult(
+            description="Memories relevant to this message",
+            messages=[types.PromptMessage(role="user", content=_text(turn))],
+        )
+
+
+def _without_sdk_spans(server: Server[Any]) -> None:
+    """The SDK's span per message goes to OpenTelemetry's global tracer
+    provider, which the daemon never installs (sidecar.api.tracing keeps its
+    own): a span nobody records, at a cost on every call. Opted out as the
+    SDK documents (Server.middleware; the class is not exported by name)."""
+    server.middleware = [
+        m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"
+    ]
+
+
 def build(
     resolve: Resolve,
     *,
@@ -165,99 +262,19 @@ def build(
     spares the SDK a tools/list of its own before each 2026-07-28 tools/call
     (it checks Mcp-Param headers against the schema).
     """
-    count = counted or (lambda tool, outcome: None)
-
-    async def answer(run: Callable[[], T]) -> T:
-        try:
-            return await offload(run)
-        except SidecarError as exc:
-            raise to_mcp_error(exc) from None
-        except MCPError:
-            raise
-        except Exception:
-            # The exception's text stays in the log, as for a gRPC call.
-            log.exception("unhandled error in an MCP request")
-            raise MCPError(
-                types.INTERNAL_ERROR, "internal error; the sidecar's log has the details"
-            ) from None
-
-    async def list_tools(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
-        backend = resolve(ctx)
-        definitions = await answer(backend.definitions)
-        return types.ListToolsResult(tools=[_tool(d) for d in definitions])
-
-    async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> Any:
-        backend = resolve(ctx)
-        label = params.name if params.name in TOOL_NAMES else "unknown"
-        arguments = params.arguments or {}
-        try:
-            result = await answer(lambda: backend.call(params.name, arguments))
-        except MCPError:
-            count(label, "failed")
-            raise
-        count(label, "error" if result.is_error else "ok")
-        # The wire form of a CallToolResult, as a dict: the SDK validates a
-        # result against the protocol's schema either way, and a model would
-        # only be built here to be dumped back to this dict (make bench, 17).
-        return {
-            "content": [{"type": "text", "text": result.text}],
-            "structuredContent": result.structured,
-            "isError": result.is_error,
-            "resultType": "complete",
-        }
-
-    async def list_resources(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
-        return types.ListResourcesResult(resources=[FROZEN_BLOCK])
-
-    async def read_resource(ctx: Context, params: types.ReadResourceRequestParams) -> Any:
-        if params.uri != FROZEN_BLOCK_URI:
-            raise _invalid(
-                f"no resource {params.uri!r}; the one resource is {FROZEN_BLOCK_URI}",
-                uri=params.uri,
-            )
-        backend = resolve(ctx)
-        block = await answer(backend.frozen_block)
-        text = types.TextResourceContents(uri=FROZEN_BLOCK_URI, mime_type="text/plain", text=block)
-        return types.ReadResourceResult(contents=[text])
-
-    async def list_prompts(ctx: Context, params: types.PaginatedRequestParams | None) -> Any:
-        return types.ListPromptsResult(prompts=[MEMORY_CONTEXT])
-
-    async def get_prompt(ctx: Context, params: types.GetPromptRequestParams) -> Any:
-        if params.name != PROMPT:
-            raise _invalid(
-                f"no prompt {params.name!r}; the one prompt is {PROMPT}", name=params.name
-            )
-        message = (params.arguments or {}).get(PROMPT_ARGUMENT)
-        if message is None:
-            raise _invalid(
-                f"{PROMPT} needs the argument {PROMPT_ARGUMENT}", argument=PROMPT_ARGUMENT
-            )
-        backend = resolve(ctx)
-        turn = await answer(lambda: backend.turn_context(message))
-        return types.GetPromptResult(
-            description="Memories relevant to this message",
-            messages=[types.PromptMessage(role="user", content=_text(turn))],
-        )
-
+    handlers = _Handlers(resolve, counted or (lambda tool, outcome: None), offload)
     server: Server[Any] = Server(
         "memory-sidecar",
         version=__version__,
         title="memory-sidecar",
         instructions=INSTRUCTIONS,
         get_tool_input_schema=get_tool_input_schema,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_resources=list_resources,
-        on_read_resource=read_resource,
-        on_list_prompts=list_prompts,
-        on_get_prompt=get_prompt,
+        on_list_tools=handlers.list_tools,
+        on_call_tool=handlers.call_tool,
+        on_list_resources=_list_resources,
+        on_read_resource=handlers.read_resource,
+        on_list_prompts=_list_prompts,
+        on_get_prompt=handlers.get_prompt,
     )
-    # The SDK's span per message goes to OpenTelemetry's global tracer
-    # provider, which the daemon never installs (sidecar.api.tracing keeps its
-    # own): a span nobody records, at a cost on every call. Opted out as the
-    # SDK documents (Server.middleware; the class is not exported by name).
-    server.middleware = [
-        m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"
-    ]
+    _without_sdk_spans(server)
     return server

@@ -15,7 +15,8 @@ the byte budget (server.max_response_bytes), so no response a client asks
 for exceeds gRPC's default 4 MiB receive limit, whatever page_size says.
 
 Owns: the page-token format (versioned, bound to a request digest, signed),
-page sizes, and the byte budget that ends a page early. Must not touch: grpc
+page sizes, the byte budget that ends a page early, and the bound on an
+InjectForTurn answer's size that says when to measure it. Must not touch: grpc
 or generated classes (messages are only measured, through ByteSize), the
 engine, the store (the key is handed in).
 """
@@ -39,6 +40,8 @@ _MAX_POSITION = 2**63 - 1
 # A truncated HMAC-SHA256: 128 bits leave nothing to guess, and keep the
 # token short.
 _SIGNATURE_BYTES = 16
+# Beyond its texts and ids, an InjectForTurn answer holds counts and usage.
+_TURN_MARGIN = 64 * 1024
 
 
 def digest(*fields: object) -> str:
@@ -171,6 +174,14 @@ class Budget:
             return False
         self.left -= size
         return True
+
+
+def turn_bound(chars: int, ids: int, id_chars: int) -> int:
+    """An upper bound on the bytes of an InjectForTurn answer whose texts
+    hold `chars` characters and which lists `ids` ids, cheap to take where
+    ByteSize is not: 4 bytes a character, an id at most `id_chars`, and a
+    margin for counts and usage."""
+    return 4 * chars + ids * (4 * id_chars + 4) + _TURN_MARGIN
 
 
 def refuse_if_too_large(response: Any, max_bytes: int, what: str, hint: str) -> None:

@@ -29,5 +29,4 @@ def caught_up(
         return
     remaining = context.time_remaining() if context is not None else None
     timeout = None if remaining is None else max(0.0, remaining - MARGIN_SECONDS)
-    keys = [(tier, scope.owner(tier)) for tier in tiers]
-    engine.replication.caught_up(min_generation, keys, timeout)
+    engine.caught_up(scope, tiers, min_generation, timeout)

@@ -10,10 +10,11 @@ Owns: the listeners (API with TLS, health, metrics, and the socket of the MCP
 listener, which sidecar.api.mcp_http serves), the interceptor order, the worker
 pool, the janitor, the expiry sweep's thread and the auth files' watcher
 (sidecar.api.reloading), encoder_for, and the order of
-start and stop. Must not touch: request handling (sidecar.api.service,
-sidecar.api.mcp_server), SQL, os.environ.
-It does install tracing on the store, and starts and stops the engine's `feed`
-and `semantic` itself.
+start and stop (the engine's threads through its methods: start_feed,
+start_background, end_watches, stop_retention, drain_exports, stop, abort).
+Must not touch: request handling (sidecar.api.service,
+sidecar.api.mcp_server), the engine's rooms, SQL, os.environ.
+It does install tracing on the store.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from sidecar.api.interceptors import (
 )
 from sidecar.api.paging import PageTokens
 from sidecar.api.reloading import Watcher
-from sidecar.api.service import SERVICE_NAME, MemoryService
+from sidecar.api.service import SERVICE_NAME, FrozenAnswers, MemoryService
 from sidecar.config.settings import Config, ServerSettings
 from sidecar.core.errors import ConfigError, Reason, SidecarError
 from sidecar.core.metrics import Metrics
@@ -250,18 +251,21 @@ class Sidecar:
         store: Store,
         *,
         metrics: Metrics | None = None,
-        engine: MemoryEngine | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics or Metrics()
-        self.engine = engine or MemoryEngine(
+        # The service's prebuilt answers hold rendered content: the engine
+        # empties them on every erasure it makes or hears of.
+        frozen = FrozenAnswers()
+        self.engine = MemoryEngine(
             config,
             store,
             metrics=self.metrics,
             changes=True,
             encoder=encoder_for(config.server),
+            on_erasure=(frozen.clear,),
         )
         self.health = health.HealthServicer()
         workers = config.server.max_workers
@@ -278,16 +282,34 @@ class Sidecar:
         # Keyed from the database by connect(), before anything is served.
         self.pages = PageTokens()
         self._ready = False
-        # Spans for the RPCs and their statements, on `tracer_provider` or
-        # one exporting over OTLP. With tracing off OpenTelemetry is never
-        # imported, and no interceptor or statement wrapper is installed.
-        self._tracing: Tracing | None = None
-        if tracer_provider is not None or config.server.tracing != "off":
-            from sidecar.api.tracing import Tracing  # the tracing extra
+        self._tracing = self._traced(tracer_provider)
+        self._api = self._api_server(auth, frozen)
+        self._mcp = self._mcp_listener(auth)
+        self._mcp_socket: socket.socket | None = None
+        self._health_server: grpc.Server | None = None
+        self._addresses = Addresses(api="", health=None, metrics=None)
+        self._metrics_server: Any = None
+        self._stopped = threading.Event()
+        self._janitor = threading.Thread(target=self._sweep, name="janitor", daemon=True)
+        self._expiry = threading.Thread(target=self._expire, name="expiry", daemon=True)
 
-            self._tracing = Tracing(tracer_provider)
-            store.trace(self._tracing.statements(store.backend))
-        self._api = grpc.server(
+    def _traced(self, tracer_provider: TracerProvider | None) -> Tracing | None:
+        """Spans for the RPCs and their statements, on `tracer_provider` or
+        one exporting over OTLP, installed on the store. With tracing off
+        OpenTelemetry is never imported, and nothing is installed."""
+        if tracer_provider is None and self.config.server.tracing == "off":
+            return None
+        from sidecar.api.tracing import Tracing  # the tracing extra
+
+        tracing = Tracing(tracer_provider)
+        self.store.trace(tracing.statements(self.store.backend))
+        return tracing
+
+    def _api_server(self, auth: AuthInterceptor | None, frozen: FrozenAnswers) -> grpc.Server:
+        """The API's server: the interceptors in order, MemoryService,
+        health and reflection (not bound yet: see listen)."""
+        server = self.config.server
+        api = grpc.server(
             self._pool,
             # Tracing outermost, so its span covers the whole call; metrics
             # next: both see the status auth and the error mapping chose.
@@ -301,43 +323,40 @@ class Sidecar:
             options=[
                 *_SERVER_OPTIONS,
                 *_keepalive_options(),
-                ("grpc.max_receive_message_length", config.server.max_request_bytes),
+                ("grpc.max_receive_message_length", server.max_request_bytes),
             ],
         )
         pb_grpc.add_MemoryServiceServicer_to_server(
-            MemoryService(self.engine, config.server.limits(), self.pages), self._api
+            MemoryService(self.engine, server.limits(), self.pages, frozen), api
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._api)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, api)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._api
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), api
         )
-        self._mcp: McpListener | None = None
-        self._mcp_socket: socket.socket | None = None
-        if config.server.mcp_listen:
-            from sidecar.api.mcp_http import McpListener  # the mcp extra
-            from sidecar.domain.tools import Tools
+        return api
 
-            self._mcp = McpListener(
-                config,
-                Tools(self.engine, config.server.limits()),
-                metrics=self.metrics,
-                end_session=self.engine.end_session,
-                auth=auth,
-                refusal=self.gate.refusal,
-            )
-        self._health_server: grpc.Server | None = None
-        self._addresses = Addresses(api="", health=None, metrics=None)
-        self._metrics_server: Any = None
-        self._stopped = threading.Event()
-        self._janitor = threading.Thread(target=self._sweep, name="janitor", daemon=True)
-        self._expiry = threading.Thread(target=self._expire, name="expiry", daemon=True)
+    def _mcp_listener(self, auth: AuthInterceptor | None) -> McpListener | None:
+        """The MCP listener over the same engine, when server.mcp_listen is set."""
+        if not self.config.server.mcp_listen:
+            return None
+        from sidecar.api.mcp_http import McpListener  # the mcp extra
+        from sidecar.domain.tools import Tools
+
+        return McpListener(
+            self.config,
+            Tools(self.engine, self.config.server.limits()),
+            metrics=self.metrics,
+            end_session=self.engine.end_session,
+            auth=auth,
+            refusal=self.gate.refusal,
+        )
 
     def _expire(self) -> None:
         """Remove expired entries now and then (sidecar.domain.expiry)."""
         interval = self.config.server.expiry_sweep_seconds
         while not self._stopped.wait(interval):
             try:
-                self.engine.expiry.run_once(stop=self._stopped.is_set)
+                self.engine.sweep_expired(stop=self._stopped.is_set)
             except Exception:
                 # Expired entries stay invisible meanwhile; keep sweeping.
                 log.exception("expiry sweep failed; trying again in %.1f s", interval)
@@ -432,8 +451,7 @@ class Sidecar:
         and the change feed (so other processes' writes are heard before
         anything cached is served). May be called again after it failed."""
         self.pages.use(self.store.page_token_key())
-        if self.engine.feed is not None:
-            self.engine.feed.start()
+        self.engine.start_feed()
 
     def ready(self) -> Addresses:
         """Start the background threads, open the gate and report SERVING.
@@ -446,9 +464,7 @@ class Sidecar:
             self._janitor.start()
             if server.expiry_sweep_seconds:
                 self._expiry.start()
-            self.engine.watches.start()  # the event log's retention
-            if self.engine.semantic is not None:
-                self.engine.semantic.start()  # embeds entries stored without a vector
+            self.engine.start_background()  # retention, the semantic backfill
         except BaseException:
             self._abort()
             raise
@@ -466,13 +482,7 @@ class Sidecar:
         if self._mcp is not None:
             self._mcp.stop(1)  # only refusals in flight; 0 logs a cancel
         self._reloads.stop()
-        self.engine.watches.stop()
-        if self.engine.semantic is not None:
-            self.engine.semantic.stop()
-        # A feed still starting on an abandoned attempt's thread refuses to
-        # run once stopped (sidecar.storage.changes).
-        if self.engine.feed is not None:
-            self.engine.feed.stop()
+        self.engine.abort()
         self._close_listeners()
         self._shut_tracing()
 
@@ -500,30 +510,27 @@ class Sidecar:
         # Without waiting for a retention pass under way: it may wait on a
         # database lock for up to busy_timeout_ms, and new calls must be
         # refused at once.
-        self.engine.watches.stop(wait=False)
+        self.engine.end_watches()
         # Both drain at once: MCP requests are served by the same engine.
         api_stopped = self._api.stop(grace)
         if self._mcp is not None:
             self._mcp.stop(grace)
         api_stopped.wait()
-        self.engine.watches.retention.stop()
+        self.engine.stop_retention()
         self._reloads.stop()
         if self._expiry.is_alive():
             self._expiry.join()  # a sweep batch is one short transaction
         # A cancelled export lets go of its read at its next response.
-        if not self.engine.exports.drain(max(grace, 1.0)):
+        if not self.engine.drain_exports(max(grace, 1.0)):
             # Its read may then fail when the store closes under it.
             log.warning(
                 "stopping while %d ExportMemories streams still read the store",
-                self.engine.exports.running,
+                self.engine.exports_running(),
             )
-        if self.engine.feed is not None:
-            self.engine.feed.stop()
-        if self.engine.semantic is not None:
-            self.engine.semantic.stop()
-        # An index save takes about a second at a million entries; one that
-        # outlasts this is given up (the next start indexes or replays).
-        if not self.engine.stop_indexing(max(grace, INDEX_SAVE_GRACE_SECONDS)):
+        # Then the feed and the semantic backfill. An index save takes about a
+        # second at a million entries; one that outlasts this is given up
+        # (the next start indexes or replays).
+        if not self.engine.stop(max(grace, INDEX_SAVE_GRACE_SECONDS)):
             log.warning("stopping while a compact index is still being saved")
         self._close_listeners()
         self._shut_tracing()

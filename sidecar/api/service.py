@@ -36,6 +36,7 @@ from sidecar.core.memory import Memory, Scope, Tier, Usage, check_confidence, cl
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.expiry import Requested
 from sidecar.domain.tools import Tools, arguments_of
+from sidecar.domain.turns import Injection
 from sidecar.storage.writes import Edit, NewEntry
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MemoryService"].full_name
@@ -45,8 +46,6 @@ _PB_TO_TIER: dict[int, Tier] = {int(v): k for k, v in _TIER_TO_PB.items()}
 DEFAULT_SEARCH_LIMIT = 20
 MAX_SEARCH_LIMIT = 1000
 FROZEN_CACHE_SIZE = 4096
-# Beyond its texts and ids, an InjectForTurn answer holds counts and usage.
-_INJECT_MARGIN = 64 * 1024
 # GetMemories' largest page (and its default): AIP-158's usual 1000.
 MAX_PAGE_SIZE = 1000
 
@@ -156,19 +155,35 @@ def _still_wanted(context: Any) -> Callable[[], bool]:
     return wanted
 
 
+class FrozenAnswers(LRU[tuple[object, ...], pb.InjectForTurnResponse]):
+    """The frozen half of InjectForTurn answers, by what they hold: views
+    that render the same (every empty scope's, say) share one message, which
+    costs about a kilobyte. They hold rendered content: `clear` is one of the
+    engine's erasure listeners (MemoryEngine's `on_erasure`), so none
+    outlives an erasure."""
+
+    def __init__(self) -> None:
+        super().__init__(FROZEN_CACHE_SIZE)
+
+    def clear(self) -> None:
+        self.expire(math.inf)
+
+
 class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: MemoryEngine, limits: Limits, pages: paging.PageTokens) -> None:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        limits: Limits,
+        pages: paging.PageTokens,
+        frozen: FrozenAnswers,
+    ) -> None:
+        """`frozen`: the cache the engine empties on every erasure."""
         self._engine = engine
         self._limits = limits
         self._pages = pages
         self._tools = Tools(engine, limits)
-        # The frozen half of InjectForTurn answers, by what they hold: views
-        # that render the same (every empty scope's, say) share one message,
-        # which costs about a kilobyte.
-        self._frozen: LRU[tuple[object, ...], pb.InjectForTurnResponse] = LRU(FROZEN_CACHE_SIZE)
+        self._frozen = frozen
         self._export = ExportStream(engine, limits, read_tiers, pages)
-        # They hold rendered content: none outlives an erasure.
-        engine.forgetting.listeners.append(lambda: self._frozen.expire(math.inf))
 
     # --- request fields -----------------------------------------------------
 
@@ -304,9 +319,13 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
         replication.caught_up(self._engine, scope, tiers, request.min_generation, context)
         # One more than the page holds: whether another page follows.
         memories, usage = self._engine.list_memories(
-            scope, tiers, category, after_seq=after, limit=size + 1,
+            scope,
+            tiers,
+            category,
+            after_seq=after,
+            limit=size + 1,
             include_expired=request.include_expired,
-        )  # fmt: skip
+        )
         settings = self._engine.settings(scope)
         response = pb.GetMemoriesResponse(
             usage=[usage_pb(tier, usage[tier], settings) for tier in tiers]
@@ -354,9 +373,28 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def InjectForTurn(
         self, request: pb.InjectForTurnRequest, context: Any
     ) -> pb.InjectForTurnResponse:
-        limits = self._limits
         scope = self._scope(request.scope)
         session_id = self._id("session_id", request.session_id, "runtime session")
+        message, recent, given = self._turn_texts(request)
+        replication.caught_up(self._engine, scope, Tier, request.min_generation, context)
+        turn = self._engine.inject(
+            scope,
+            session_id,
+            user_message=message,
+            recent_messages=recent,
+            given_keywords=given,
+            strategy=_STRATEGIES[request.strategy],
+            max_memories=_bounded("max_memories", request.max_memories, MAX_INJECT_MEMORIES),
+            max_tokens=_bounded("max_tokens", request.max_tokens, MAX_INJECT_TOKENS),
+        )
+        response = self._turn_response(turn, self._engine.settings(scope))
+        self._refuse_if_too_large(turn, response)
+        return response
+
+    def _turn_texts(self, request: pb.InjectForTurnRequest) -> tuple[str, list[str], list[str]]:
+        """The turn's strategy checked, and its user message, recent
+        messages and given keywords, each within its limits."""
+        limits = self._limits
         if request.strategy not in _STRATEGIES:
             raise InvalidArgument(
                 f"unknown keyword strategy {request.strategy}; use LOCAL (1) or LLM (2)",
@@ -376,20 +414,11 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             checked(f"keywords[{i}]", word, limits.query_chars)
             for i, word in enumerate(request.keywords)
         ]
-        replication.caught_up(self._engine, scope, Tier, request.min_generation, context)
-        turn = self._engine.inject(
-            scope,
-            session_id,
-            user_message=message,
-            recent_messages=recent,
-            given_keywords=given,
-            strategy=_STRATEGIES[request.strategy],
-            max_memories=_bounded("max_memories", request.max_memories, MAX_INJECT_MEMORIES),
-            max_tokens=_bounded("max_tokens", request.max_tokens, MAX_INJECT_TOKENS),
-        )
-        settings = self._engine.settings(scope)
-        # The frozen half of the answer is the same for every turn served from
-        # one snapshot: built once, copied (in C) per turn.
+        return message, recent, given
+
+    def _frozen_answer(self, turn: Injection) -> pb.InjectForTurnResponse:
+        """The frozen half of the answer, the same for every turn served from
+        one snapshot: built once, copied (in C) per turn."""
         key = turn.snapshot.content_key
         frozen = self._frozen.get(key)
         if frozen is None:
@@ -402,31 +431,30 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
                 token_counter=_COUNTERS[turn.token_counter],
             )
             self._frozen.put(key, frozen)
+        return frozen
+
+    def _turn_response(self, turn: Injection, settings: AgentSettings) -> pb.InjectForTurnResponse:
         response = pb.InjectForTurnResponse()
-        response.CopyFrom(frozen)
+        response.CopyFrom(self._frozen_answer(turn))
         response.cache_hit = turn.cache_hit
         response.turn_context = turn.turn_context
         response.injected_memory_ids.extend(turn.turn_memory_ids)
         response.turn_context_tokens = turn.turn_tokens
         response.usage.extend(_usage_pb_cached(tier, turn.usage[tier], settings) for tier in Tier)
+        return response
+
+    def _refuse_if_too_large(self, turn: Injection, response: pb.InjectForTurnResponse) -> None:
         # Only a frozen block near the limit (a tier budget of megabytes) can
         # make a turn too large; measuring every turn would cost the cached path.
-        # An upper bound, cheap to take: 4 bytes a character, an id at most
-        # max_id_chars, and a margin for counts and usage.
+        chars = len(turn.system_block) + len(turn.turn_context)
         ids = len(turn.system_memory_ids) + len(turn.turn_memory_ids)
-        bound = (
-            4 * (len(turn.system_block) + len(turn.turn_context))
-            + ids * (4 * self._limits.id_chars + 4)
-            + _INJECT_MARGIN
-        )
-        if bound > self._limits.response_bytes:
+        if paging.turn_bound(chars, ids, self._limits.id_chars) > self._limits.response_bytes:
             paging.refuse_if_too_large(
                 response,
                 self._limits.response_bytes,
                 "InjectForTurn answer",
                 "lower the tiers' char limits or max_injection_tokens",
             )
-        return response
 
     def NotifyCompaction(
         self, request: pb.NotifyCompactionRequest, context: Any
@@ -479,7 +507,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     ) -> Iterator[pb.WatchMemoriesResponse]:
         # A generator: the scope is checked at the first step, under the grant.
         scope, tiers = self._scope(request.scope), read_tiers(request.tier)
-        yield from watch.stream(self._engine.watches, scope, tiers, request, context, memory_pb)
+        yield from watch.stream(self._engine, scope, tiers, request, context, memory_pb)
 
     def ForgetUser(self, request: pb.ForgetUserRequest, context: Any) -> pb.ForgetUserResponse:
         return erasure.forget_user(self._engine, self._limits, request)

@@ -6,8 +6,9 @@ what is sent and when a stream ends; its SidecarErrors (WATCHES_EXHAUSTED,
 WATCH_TOO_SLOW, WATCH_GENERATION_PRUNED, SERVER_STOPPING) become statuses
 in sidecar.api.interceptors, as every handler's do.
 
-Owns: the protobuf form of a MemoryEvent, the cancellation callback.
-Must not touch: the event log, the watch registry's rules, statuses.
+Owns: the protobuf form of a MemoryEvent, the resume point's checks, the
+cancellation callback. Must not touch: the event log, the watch registry's
+rules (only MemoryEngine.watch), statuses.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Memory, Scope, Tier
-from sidecar.domain.watch import Sync, Watches
+from sidecar.domain.engine import MemoryEngine
+from sidecar.domain.watch import Sync
 from sidecar.storage.events import Event
 
 _KINDS = {
@@ -32,7 +34,7 @@ _TIERS = {Tier.MEMORY: pb.TIER_MEMORY, Tier.USER: pb.TIER_USER}
 
 
 def stream(
-    watches: Watches,
+    engine: MemoryEngine,
     scope: Scope,
     tiers: Sequence[Tier],
     request: pb.WatchMemoriesRequest,
@@ -41,7 +43,7 @@ def stream(
 ) -> Iterator[pb.WatchMemoriesResponse]:
     """The responses of one WatchMemories call, until the caller cancels,
     the server stops, or the domain ends the stream."""
-    with watches.open(scope, tiers) as watch:
+    with engine.watch(scope, tiers) as watch:
         # A cancel (or a passed deadline) wakes the watch at once, so its
         # worker thread and its slot are free again without waiting.
         if not context.add_callback(watch.cancel):

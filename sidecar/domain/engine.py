@@ -1,8 +1,10 @@
 """The engine: the domain's one entry point, a thin orchestrator.
 
-Every RPC the service layer serves is one call here. The engine screens and
-writes through the store, searches, and answers turns, by delegating to the
-rooms that own each concern, from the bottom up:
+Every RPC the edges serve is one call here: they call the engine's methods,
+never the rooms behind it. The engine screens and writes through the store,
+searches, and answers turns, by delegating to the rooms that own each
+concern (built, wired, started and stopped by sidecar.domain.rooms, which the
+engine extends), from the bottom up:
 
 - sidecar.domain.partition: partitions (a tier of one owner, as of a generation)
   and their freshness; the one room that loads a tier, large tiers through
@@ -12,6 +14,8 @@ rooms that own each concern, from the bottom up:
 - sidecar.domain.sessions: which view each runtime session is using.
 - sidecar.domain.queries and sidecar.domain.turns: a turn's terms and semantic scores,
   and its transient block.
+- sidecar.domain.expiry, erasure, replication, watch and export: the RPCs
+  of their concern, which the engine hands on as they are.
 
 A cached turn reads only these, so it runs no database query at all (a
 compact partition reads the entries it returns). While the change feed is
@@ -22,42 +26,43 @@ Locks, outermost first: a view stripe (snapshots), then a partition stripe
 (partitions), then the short-lived dictionary locks inside Generations,
 the LRU and SessionTable. Nothing is ever taken in the other order.
 
-Must not touch: gRPC (sidecar.api.service renders what this returns) or Peewee
-(sidecar.storage.store).
+Owns: the order of each request's steps across the rooms (screen, embed,
+check for near-duplicates, lock, write, update the caches; verify, find the
+session, reuse or build its view, compose the turn), the content screening
+of writes, and what the engine holds in memory (`Stats`). Must not touch:
+gRPC (sidecar.api.service renders what this returns), Peewee
+(sidecar.storage.store), or building the rooms (sidecar.domain.rooms).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sidecar.config.settings import AgentSettings, Config
-from sidecar.core.errors import BudgetExceeded, InvalidArgument, Reason, SimilarExists
+from sidecar.config.settings import AgentSettings
+from sidecar.core.errors import BudgetExceeded, InvalidArgument, SimilarExists
 from sidecar.core.memory import Memory, Scope, Tier, Usage
 from sidecar.core.metrics import Metrics
-from sidecar.core.tokens import TokenCounter
-from sidecar.domain.erasure import Forgetting
-from sidecar.domain.expiry import AS_BEFORE, AS_CONFIGURED, Expiry, Requested
-from sidecar.domain.export import Exports
-from sidecar.domain.partition import AnyPartition, PartitionKey, Partitions
-from sidecar.domain.queries import Queries, weights
-from sidecar.domain.replication import COMPACTION, END, Replication
-from sidecar.domain.sessions import Limits, SessionTable, session_key, session_scope
-from sidecar.domain.snapshots import Snapshots, View
-from sidecar.domain.turns import Injection, Turns, enabled_tiers
-from sidecar.domain.watch import Watches
+from sidecar.domain.erasure import Forgotten
+from sidecar.domain.expiry import AS_BEFORE, AS_CONFIGURED, Requested
+from sidecar.domain.export import Partition as ExportPartition
+from sidecar.domain.partition import AnyPartition, PartitionKey
+from sidecar.domain.queries import weights
+from sidecar.domain.replication import COMPACTION, END
+from sidecar.domain.rooms import Rooms
+from sidecar.domain.sessions import session_key, session_scope
+from sidecar.domain.snapshots import View
+from sidecar.domain.turns import Injection, enabled_tiers
+from sidecar.domain.watch import Watch
 from sidecar.retrieval import scanner
 from sidecar.retrieval.compact import CompactPartition
-from sidecar.retrieval.embedding import Encoder
 from sidecar.retrieval.keywords import keywords
 from sidecar.retrieval.ranking import rank
-from sidecar.retrieval.semantic import Floats, Semantic
+from sidecar.retrieval.semantic import Floats
 from sidecar.retrieval.similarity import Similar
-from sidecar.storage.store import Store
 from sidecar.storage.vectors import Vector
 from sidecar.storage.writes import Edit, NewEntry, Wanted
 
@@ -108,7 +113,7 @@ def _require_user(settings: AgentSettings, scope: Scope, tier: Tier) -> None:
             "a user-profile write needs scope.user_id: without one it would land in the "
             "profile shared by every caller that sends none; send the user's id, or set "
             "shared_user_profile: true for this agent if that shared profile is meant",
-            reason=Reason.USER_ID_REQUIRED,
+            reason="USER_ID_REQUIRED",
             metadata={"field": "scope.user_id", "tier": tier.value},
         )
 
@@ -130,7 +135,7 @@ def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) ->
         raise InvalidArgument(
             f"{field} was refused by the content scan ({finding.pattern}: "
             f"{finding.excerpt!r}); memories are injected into system prompts",
-            reason=Reason.CONTENT_REJECTED,
+            reason="CONTENT_REJECTED",
             metadata={"field": field, "pattern": finding.pattern},
         )
     log.warning(
@@ -139,91 +144,13 @@ def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) ->
     )
 
 
-def _session_limits(settings: AgentSettings) -> Limits:
-    return Limits(settings.session_idle_ttl_seconds, settings.max_sessions)
+class MemoryEngine(Rooms):
+    """Everything the service does, over one store.
 
-
-def _semantic(
-    config: Config,
-    store: Store,
-    metrics: Metrics,
-    encoder: Encoder | None,
-    now: Callable[[], float],
-) -> Semantic | None:
-    if encoder is None:
-        return None
-    return Semantic(
-        encoder,
-        store,
-        metrics,
-        cache_bytes=config.server.semantic_cache_bytes,
-        compact_from=config.server.compact_tier_entries,
-        query_prefix=config.server.semantic_query_prefix,
-        document_prefix=config.server.semantic_document_prefix,
-        clock=now,
-    )
-
-
-class MemoryEngine:
-    """Everything the service does, over one store."""
-
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        *,
-        metrics: Metrics | None = None,
-        tokens: TokenCounter | None = None,
-        now: Callable[[], float] = time.monotonic,
-        changes: bool = False,
-        encoder: Encoder | None = None,
-    ) -> None:
-        self._config = config
-        self._store = store
-        self._metrics = metrics or Metrics()
-        # Semantic retrieval (server.semantic_encoder), when an encoder is given.
-        self.semantic = _semantic(config, store, self._metrics, encoder, now)
-        self.tokens = tokens or TokenCounter()
-        self._now = now
-        self.partitions = Partitions(
-            config, store, self._metrics, self.tokens, now=now, changes=changes
-        )
-        # Without a feed this engine assumes it is the database's only writer.
-        self.feed = self.partitions.feed
-        self.expiry = Expiry(config, store, self.partitions, batch=config.server.expiry_sweep_batch)
-        self.watches = Watches(store.events, config.server, self._metrics, self.partitions)
-        self.partitions.on_generation = self.watches.wake
-        self._snapshots = Snapshots(self.partitions, self.tokens)
-        self._queries = Queries(self._metrics, self.semantic)
-        self._turns = Turns(self._queries, self.tokens)
-        self.exports = Exports(store, config.server.max_concurrent_exports)
-        self.partitions.on_erased.append(self.exports.erased)
-        # A cached partition nobody has used for this long is let go (and
-        # with it everything kept for its owner).
-        self._partition_ttl = max(
-            s.session_idle_ttl_seconds for s in (config.defaults, *config.agents.values())
-        )
-        # Limits per configured agent, computed once; every other agent id
-        # shares the defaults' (nothing is kept per agent id seen).
-        default_limits = _session_limits(config.defaults)
-        limits = {agent: _session_limits(s) for agent, s in config.agents.items()}
-        self._sessions: SessionTable[View] = SessionTable(
-            lambda agent_id: limits.get(agent_id, default_limits),
-            config.server.max_sessions_total,
-            on_evict=self._metrics.snapshot_invalidations.labels("evicted").inc,
-        )
-        self._metrics.sessions_active.set_function(lambda: len(self._sessions))
-        # ForgetUser and DeleteScope, and letting go of what showed erased content.
-        self.forgetting = Forgetting(
-            store, self.partitions, self._sessions, self.semantic, self._metrics
-        )
-        # min_generation waits, and session events to and from other replicas.
-        self.replication = Replication(self.partitions, self._sessions, self._metrics)
-        # Labelled children looked up once: a cached turn touches them every time.
-        self._hits = self._metrics.snapshot_lookups.labels("hit")
-        self._misses = self._metrics.snapshot_lookups.labels("miss")
-        self._system_tokens = self._metrics.injected_tokens.labels("system")
-        self._turn_tokens = self._metrics.injected_tokens.labels("turn")
+    The edges call its methods only; the rooms behind it (sidecar.domain.rooms,
+    which builds them and starts and stops their threads) stay private to the
+    domain.
+    """
 
     def settings(self, scope: Scope) -> AgentSettings:
         return self._config.for_agent(scope.agent_id)
@@ -249,14 +176,14 @@ class MemoryEngine:
         default the agent's for the tier)."""
         scope, tier, content = entry.scope, entry.tier, entry.content
         # Every add (AddMemory, the model's tools) gets the agent's default TTL here.
-        expires = self.expiry.for_add(scope, tier, expiry)
+        expires = self._expiry.for_add(scope, tier, expiry)
         settings = self.settings(scope)
         _require_user(settings, scope, tier)
         _screen(self._metrics, settings, "content", content)
         _screen(self._metrics, settings, "category", entry.category)
         key = (tier, scope.owner(tier))
         stored, held = self._embedding(content, [key])
-        similar = self._queries.near_duplicates(settings, self.partitions, key, content, held)
+        similar = self._queries.near_duplicates(settings, self._partitions, key, content, held)
         if similar and settings.similar_writes == "refuse":
             # Before anything is written, and not a budget rejection.
             nearest = similar[0]
@@ -266,7 +193,7 @@ class MemoryEngine:
                 content=nearest.memory.content,
                 score=nearest.score,
             )
-        with self.partitions.writing([key]), self._counting_rejections():
+        with self._partitions.writing([key]), self._counting_rejections():
             written = self._store.add(
                 entry,
                 settings.policy(tier),
@@ -274,9 +201,9 @@ class MemoryEngine:
                 still_wanted=still_wanted,
                 vector=stored,
             )
-            self.partitions.added(key, written)
-            if self.semantic is not None:
-                self.semantic.written(key, written, held, content_changed=True)
+            self._partitions.added(key, written)
+            if self._semantic is not None:
+                self._semantic.written(key, written, held, content_changed=True)
         similar = similar if written.created else ()
         return Added(written.memory, written.usage, written.created, similar, written.generation)
 
@@ -289,7 +216,8 @@ class MemoryEngine:
     ) -> tuple[Memory, Usage, int]:
         """Change the entry `edit` names (`expiry`: as the caller asked, by
         default as it was); the entry, usage, generation written."""
-        expires = self.expiry.for_update(expiry)
+        # Checked first, as an add's: a conflict is refused before the scan.
+        expires = self._expiry.for_update(expiry)
         scope, content = edit.scope, edit.content
         settings = self.settings(scope)
         if content is not None:
@@ -298,7 +226,7 @@ class MemoryEngine:
             _screen(self._metrics, settings, "category", edit.category)
         keys = _edited_partitions(scope, edit.match, edit.tier)
         stored, held = self._embedding(content, keys)
-        with self.partitions.writing(keys), self._counting_rejections():
+        with self._partitions.writing(keys), self._counting_rejections():
             written = self._store.update(
                 edit,
                 settings.policies(),
@@ -308,9 +236,9 @@ class MemoryEngine:
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
-            self.partitions.changed(key, written, memory)
-            if self.semantic is not None:
-                self.semantic.written(key, written, held, content_changed=content is not None)
+            self._partitions.changed(key, written, memory)
+            if self._semantic is not None:
+                self._semantic.written(key, written, held, content_changed=content is not None)
         return memory, written.usage, written.generation
 
     def delete(
@@ -323,15 +251,15 @@ class MemoryEngine:
         tier: Tier = Tier.MEMORY,
     ) -> tuple[Memory, Usage, int]:
         """Remove the entry named by `memory_id`, or by `match` in `tier`, as update."""
-        with self.partitions.writing(_edited_partitions(scope, match, tier)):
+        with self._partitions.writing(_edited_partitions(scope, match, tier)):
             written = self._store.delete(
                 scope, memory_id, still_wanted=still_wanted, match=match, tier=tier
             )
             memory = written.memory
             key = (memory.tier, scope.owner(memory.tier))
-            self.partitions.changed(key, written, None)
-            if self.semantic is not None:
-                self.semantic.removed(key, written)
+            self._partitions.changed(key, written, None)
+            if self._semantic is not None:
+                self._semantic.removed(key, written)
         return memory, written.usage, written.generation
 
     def _embedding(
@@ -341,11 +269,11 @@ class MemoryEngine:
         computed before any lock is taken: the encoder may take a while.
         None without semantic retrieval, without new content, or for a tier
         held compactly (ranked lexically: the vector would never be used)."""
-        if self.semantic is None or content is None:
+        if self._semantic is None or content is None:
             return None, None
-        if all(isinstance(self.partitions.cached(key), CompactPartition) for key in keys):
+        if all(isinstance(self._partitions.cached(key), CompactPartition) for key in keys):
             return None, None
-        return self.semantic.for_write(content)
+        return self._semantic.for_write(content)
 
     # --- reads --------------------------------------------------------------
 
@@ -383,8 +311,8 @@ class MemoryEngine:
         match_all: bool = False,
     ) -> list[tuple[Memory, float]]:
         keys = [(tier, scope.owner(tier)) for tier in tiers]
-        self.partitions.verify(keys)
-        partitions = [self.partitions.get(key) for key in keys]
+        self._partitions.verify(keys)
+        partitions = [self._partitions.get(key) for key in keys]
         settings = self.settings(scope)
         terms = keywords([query])
         return rank(
@@ -417,15 +345,15 @@ class MemoryEngine:
         still current or else the scope's current one (built or loaded
         through snapshots and partitions), then compose the turn block."""
         settings = self.settings(scope)
-        if not self.partitions.verified:
-            self.partitions.verify([(tier, scope.owner(tier)) for tier in Tier])
+        if not self._partitions.verified:
+            self._partitions.verify([(tier, scope.owner(tier)) for tier in Tier])
         view, fresh, hit = self._session_view(scope, session_id, settings)
         (self._hits if hit else self._misses).inc()
 
         # The turn block always reflects the store as of now (under
         # on_compaction too: only the frozen block waits for compaction).
         current = {
-            p.tier: p if ok else self.partitions.get((p.tier, scope.owner(p.tier)))
+            p.tier: p if ok else self._partitions.get((p.tier, scope.owner(p.tier)))
             for p, ok in zip(view.partitions, fresh, strict=True)
         }
         turn, turn_ids = self._turns.context(
@@ -451,14 +379,14 @@ class MemoryEngine:
         session = self._sessions.get(session_key(scope, session_id), scope.agent_id, self._now())
         view = session.view
         # Unverified, the feed may miss another replica's compaction: no freezing.
-        frozen = settings.snapshot_refresh == "on_compaction" and self.partitions.verified
+        frozen = settings.snapshot_refresh == "on_compaction" and self._partitions.verified
         # Which of the view's partitions are still current, looked up once.
         fresh = self._snapshots.fresh(view, scope) if view is not None else []
         hit = (
             view is not None
             and (view.scope is None or view.scope == scope)
             # A frozen view is never served past an erasure of what it shows.
-            and ((frozen and not self.partitions.shows_erased(view.partitions)) or all(fresh))
+            and ((frozen and not self._partitions.shows_erased(view.partitions)) or all(fresh))
             and not self._snapshots.expired(view)
         )
         if not hit:
@@ -478,7 +406,7 @@ class MemoryEngine:
         current: Mapping[Tier, AnyPartition],
     ) -> Injection:
         """What the turn answers, its tokens counted."""
-        turn_tokens = self.tokens.count(turn)
+        turn_tokens = self._tokens.count(turn)
         self._system_tokens.inc(view.system_tokens)
         self._turn_tokens.inc(turn_tokens)
         return Injection(
@@ -491,7 +419,7 @@ class MemoryEngine:
             turn_memory_ids=turn_ids,
             system_tokens=view.system_tokens,
             turn_tokens=turn_tokens,
-            token_counter=self.tokens.name,
+            token_counter=self._tokens.name,
             usage={tier: p.usage for tier, p in current.items()},
             snapshot=view,
         )
@@ -501,33 +429,70 @@ class MemoryEngine:
         invalidated = self._sessions.invalidate(session_key(scope, session_id), scope.agent_id)
         if invalidated:
             self._metrics.snapshot_invalidations.labels("compaction").inc()
-        return invalidated, self.replication.publish(COMPACTION, scope, session_id)
+        return invalidated, self._replication.publish(COMPACTION, scope, session_id)
 
     def end_session(self, scope: Scope, session_id: str) -> tuple[bool, bool]:
         """As notify_compaction."""
         dropped = self._sessions.drop(session_key(scope, session_id), scope.agent_id)
         if dropped:
             self._metrics.snapshot_invalidations.labels("session_end").inc()
-        return dropped, self.replication.publish(END, scope, session_id)
+        return dropped, self._replication.publish(END, scope, session_id)
+
+    # --- erasure, replication, streams ---------------------------------------
+
+    def forget_user(self, user_id: str, *, actor: str) -> Forgotten:
+        """ForgetUser: erase the user's profile (sidecar.domain.erasure)."""
+        return self._forgetting.forget_user(user_id, actor=actor)
+
+    def delete_scope(self, scope: Scope, tiers: Sequence[Tier], *, actor: str) -> Forgotten:
+        """DeleteScope: erase the scope's tiers (sidecar.domain.erasure)."""
+        return self._forgetting.delete_scope(scope, tiers, actor=actor)
+
+    def caught_up(
+        self, scope: Scope, tiers: Iterable[Tier], min_generation: int, timeout: float | None
+    ) -> None:
+        """Return once this replica serves the write of `min_generation` to
+        the scope's tiers (Replication.caught_up), within `timeout` seconds."""
+        keys = [(tier, scope.owner(tier)) for tier in tiers]
+        self._replication.caught_up(min_generation, keys, timeout)
+
+    def watch(
+        self, scope: Scope, tiers: Sequence[Tier]
+    ) -> contextlib.AbstractContextManager[Watch]:
+        """A watch of the scope's tiers, counted against max_watches while open."""
+        return self._watches.open(scope, tiers)
+
+    def export_partitions(
+        self, scope: Scope, tiers: Sequence[Tier], *, for_user: bool = False
+    ) -> list[ExportPartition]:
+        """What an export of the scope's tiers (or with `for_user`, of the
+        user's profile) reads (Exports.partitions)."""
+        return self._exports.partitions(scope, tiers, for_user=for_user)
+
+    @contextlib.contextmanager
+    def exporting(
+        self, partitions: Sequence[ExportPartition]
+    ) -> Iterator[Callable[[], ExportPartition | None]]:
+        """An export's slot (one of max_concurrent_exports) and its watch for
+        erasures of `partitions`: yields what tells of one (Exports.reading)."""
+        with self._exports.slot(), self._exports.reading(partitions) as erased_since:
+            yield erased_since
+
+    def export_entries(
+        self, partitions: Sequence[ExportPartition], after_seq: int, batch: int
+    ) -> Generator[tuple[str, Memory]]:
+        """(owner, memory) after `after_seq`, from one snapshot (Exports.entries)."""
+        return self._exports.entries(partitions, after_seq, batch)
 
     # --- housekeeping -------------------------------------------------------
-
-    def indexing(self) -> bool:
-        """Whether a compact index is being persisted (tests and the bench wait)."""
-        return self.partitions.indexer.busy()
-
-    def stop_indexing(self, timeout: float) -> bool:
-        """Start no more index saves and wait up to `timeout` seconds for
-        those under way; whether none is left (see Indexer.stop)."""
-        return self.partitions.indexer.stop(timeout)
 
     def stats(self) -> Stats:
         return Stats(
             len(self._sessions),
             len(self._snapshots),
-            len(self.partitions),
+            len(self._partitions),
             self._sessions.agents,
-            len(self.partitions.generations),
+            len(self._partitions.generations),
         )
 
     def evict_idle(self, now: float | None = None) -> int:
@@ -546,5 +511,5 @@ class MemoryEngine:
                 # partitions: news of a write to them must still be heard.
                 scope = session_scope(agent_id, key)
                 held.update((tier, scope.owner(tier)) for tier in Tier)
-        self.partitions.expire(now - self._partition_ttl, held)
+        self._partitions.expire(now - self._partition_ttl, held)
         return evicted

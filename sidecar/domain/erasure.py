@@ -59,6 +59,7 @@ class Forgetting:
         metrics: Metrics,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        listeners: Sequence[Callable[[], object]] = (),
     ) -> None:
         self._store = store
         self._partitions = partitions
@@ -68,8 +69,7 @@ class Forgetting:
         self._dropped = metrics.snapshot_invalidations.labels("erasure")
         # Caches above the domain built from views (the service's prebuilt
         # answers): emptied on every erasure heard.
-        self.listeners: list[Callable[[], object]] = []
-        partitions.on_erased.append(self._let_go)
+        self._listeners = tuple(listeners)
 
     def forget_user(self, user_id: str, *, actor: str) -> Forgotten:
         """Erase the user's profile: the user tier of `user_id`, which every
@@ -131,9 +131,10 @@ class Forgetting:
         self._sleep(feed.settle_seconds)
         return time.monotonic() - started
 
-    def _let_go(self, key: PartitionKey, generation: int, followed: bool) -> int:
+    def let_go(self, key: PartitionKey, generation: int, followed: bool) -> int:
         """Drop what this process built from the partition before its
-        erasure at `generation`; how many sessions went."""
+        erasure at `generation`; how many sessions went. A listener of
+        Partitions.on_erased (wired by sidecar.domain.rooms)."""
         dropped = 0
         if followed:
 
@@ -147,6 +148,6 @@ class Forgetting:
                 self._dropped.inc(dropped)
         if self._semantic is not None:
             self._semantic.forget(key)
-        for listener in self.listeners:
+        for listener in self._listeners:
             listener()
         return dropped

@@ -12,9 +12,9 @@ workers.
 A stream already running over a partition erased meanwhile (ForgetUser,
 DeleteScope) must not go on sending the erased entries from its snapshot:
 the erasures this process handles (its own, and other processes' through
-the change feed: Partitions.on_erased, wired by the engine) are counted for
-the partitions being exported, and a stream checks them between responses
-(`erased_since`). An erasure the stream's snapshot already missed ends it
+the change feed: Partitions.on_erased, wired by sidecar.domain.rooms) are
+counted for the partitions being exported, and a stream checks them between
+responses (`erased_since`). An erasure the stream's snapshot already missed ends it
 too: rare, and the client's retry exports what is left.
 
 Owns: resolving an export's partitions (a scope's tiers, or one user's

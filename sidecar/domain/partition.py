@@ -36,7 +36,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from sidecar.config.settings import Config
@@ -74,6 +74,8 @@ class Partitions:
         *,
         now: Callable[[], float] = time.monotonic,
         changes: bool = False,
+        on_generation: Callable[[PartitionKey, int], None] | None = None,
+        on_erased: Sequence[Callable[[PartitionKey, int, bool], int]] = (),
     ) -> None:
         self._store = store
         # The wall clock expiry is judged by (the store's, injected).
@@ -95,8 +97,9 @@ class Partitions:
         self.erasures = Generations()
         # The newest erasure handled of each partition (followed or not).
         self._handled: LRU[PartitionKey, int] = LRU(ERASURES_REMEMBERED)
-        # Told of each erasure heard: (key, generation, followed) -> sessions dropped.
-        self.on_erased: list[Callable[[PartitionKey, int, bool], int]] = []
+        # Told of each erasure heard, in order: (key, generation, followed)
+        # -> sessions dropped.
+        self.on_erased = tuple(on_erased)
         # Partitions this process is erasing right now, each to the erasures
         # heard of meanwhile (the erasing call's own dictionary): it handles
         # them after its commit, counting what it drops (sidecar.domain.erasure).
@@ -113,7 +116,7 @@ class Partitions:
             metrics.watch_feed(self.feed)
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
-        self.on_generation: Callable[[PartitionKey, int], None] | None = None
+        self.on_generation = on_generation
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)

@@ -24,7 +24,7 @@ def test_another_process_writing_a_never_written_tier_is_seen_on_the_next_turn(
     # Sessions of scopes with nothing written share one snapshot: news of a
     # write to this scope's tier must still reach this session, and only it.
     engine, _, metrics = make_engine("server: {partition_cache_size: 1}", changes=True)
-    feed = engine.feed
+    feed = engine.inside().feed
     assert feed is not None
     feed.run_once()  # verified: cached turns trust the feed, reading nothing
     other = Scope(agent_id="other", user_id="bob")
@@ -123,7 +123,7 @@ def test_a_session_holding_an_older_view_still_hears_of_remote_writes(
     clock.now = 15  # the partitions' last load is past the TTL; "a" is not
     engine.evict_idle()
     # Another process writes the tier (what the change feed reports).
-    engine.partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, 10**9)
+    engine.inside().partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, 10**9)
     assert not engine.inject(SCOPE, "a").cache_hit
 
 
@@ -139,11 +139,11 @@ def test_a_tier_held_in_full_that_reaches_the_compact_size_is_let_go(
     key = (Tier.MEMORY, SCOPE.agent_id)
     for k in range(3):
         engine.add(NewEntry(SCOPE, Tier.MEMORY, f"fact number {k} about the {k}th deploy"))
-    assert isinstance(engine.partitions.cached(key), Partition)
+    assert isinstance(engine.inside().partitions.cached(key), Partition)
     engine.add(NewEntry(SCOPE, Tier.MEMORY, "the last fact, about the release train"))
-    assert engine.partitions.cached(key) is None
+    assert engine.inside().partitions.cached(key) is None
     engine.add(NewEntry(SCOPE, Tier.MEMORY, "one more, about the staging cluster"))
-    assert engine.partitions.cached(key) is None  # not loaded for a write
+    assert engine.inside().partitions.cached(key) is None  # not loaded for a write
     hits = engine.search(SCOPE, "release train", [Tier.MEMORY], limit=5)
     assert [m.content for m, _ in hits][:1] == ["the last fact, about the release train"]
-    assert isinstance(engine.partitions.cached(key), CompactPartition)
+    assert isinstance(engine.inside().partitions.cached(key), CompactPartition)

@@ -141,7 +141,7 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
     blocker.execute("BEGIN IMMEDIATE")
     # The event log's retention pass, begun now, waits on that lock too (up
     # to busy_timeout_ms): stop() must refuse new calls without waiting for it.
-    retention = running.sidecar.engine.watches.retention
+    retention = running.sidecar.engine.inside().watches.retention
     retention.stop()
     retention.start()
     result: dict[str, object] = {}

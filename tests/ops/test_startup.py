@@ -522,7 +522,7 @@ def test_an_attempt_left_behind_by_a_stop_starts_no_feed(
     store.open()  # ... which then goes on, on its thread
     with pytest.raises(Unavailable):
         sidecar.connect()
-    feed = sidecar.engine.feed
+    feed = sidecar.engine.inside().feed
     assert feed is not None
     assert feed._thread is None
     assert getattr(feed, "_connection", None) is None
@@ -543,7 +543,7 @@ def test_ready_that_fails_stops_what_it_started(tmp_path: Path) -> None:
     def broken() -> None:
         raise RuntimeError("cannot start the event log's retention")
 
-    sidecar.engine.watches.start = broken  # type: ignore[method-assign]
+    sidecar.engine.inside().watches.start = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         sidecar.ready()
     sidecar.stop(0)  # as the daemon does after a failed start

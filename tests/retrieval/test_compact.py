@@ -315,7 +315,7 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
     if not limit:  # (a budgeted tier's block shows every entry: the turn has none)
         assert "invisible_unicode" in observed[2][-1]
     key = (Tier.MEMORY, "agent")
-    cached = compact.sidecar.engine.partitions.cached(key)
+    cached = compact.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(cached, CompactPartition)
 
     # Writes through the compact daemon: applied to its compact tier in place.
@@ -330,7 +330,7 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
     fresh = make_sidecar(config % 0, name="same.db")
     assert _observed(compact) == _observed(fresh)
     # ... applied to the cached tier in place, not by reading it again.
-    written = compact.sidecar.engine.partitions.cached(key)
+    written = compact.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(written, CompactPartition)
     assert written.storage is cached.storage
     assert written.ops == cached.ops + 3
@@ -385,7 +385,7 @@ def test_a_large_tier_is_loaded_from_its_persisted_index_and_the_writes_since(
     assert _observed(second) == _observed(reference)
     key = (Tier.MEMORY, "agent")
     # How it was loaded: from the index (the storage remembers which).
-    loaded = second.sidecar.engine.partitions.cached(key)
+    loaded = second.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(loaded, CompactPartition)
     assert loaded.storage.indexed == indexed
     assert loaded.ops == 3
@@ -411,7 +411,7 @@ def test_a_persisted_index_still_loads_once_entries_expire(make_sidecar: MakeSid
     def loaded_from_index(indexed: int) -> Running:
         running = make_sidecar(config % 10, name="same.db")
         assert _hits(running, "zebra") == []
-        loaded = running.sidecar.engine.partitions.cached(key)
+        loaded = running.sidecar.engine.inside().partitions.cached(key)
         assert isinstance(loaded, CompactPartition)
         assert loaded.storage.indexed == indexed  # 0: indexed again from the rows
         return running
@@ -517,7 +517,7 @@ def test_import_indexes_the_large_tiers_it_fills(
     # The daemon loads the tier from that index, and answers as from rows.
     key = (Tier.MEMORY, "agent")
     assert _observed(target) == _observed(make_sidecar(settings, name="source.db"))
-    loaded = target.sidecar.engine.partitions.cached(key)
+    loaded = target.sidecar.engine.inside().partitions.cached(key)
     assert isinstance(loaded, CompactPartition)
     assert loaded.storage.indexed == indexed
     assert loaded.ops == 0

@@ -430,7 +430,7 @@ def test_a_reply_read_whole_after_the_deadline_is_not_parsed(
         add_notes(writer)
         writer.sidecar.stop(grace=1)
         running = make_sidecar(yaml_text % 0.3, db=writer.db)
-        semantic = running.sidecar.engine.semantic
+        semantic = running.sidecar.engine.inside().semantic
         assert semantic is not None
         assert running.store.vectors.unembedded(semantic.model, 0, 1) == []
         before, asked = fallbacks(running), len(parsed)

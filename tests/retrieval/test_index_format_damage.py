@@ -106,7 +106,7 @@ def test_an_index_declaring_more_than_the_tier_holds_is_refused_unallocated(
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024 * 1024
-    assert isinstance(fresh.sidecar.engine.partitions.cached(KEY), CompactPartition)
+    assert isinstance(fresh.sidecar.engine.inside().partitions.cached(KEY), CompactPartition)
     refused = [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()]
     assert len(refused) == 1
     assert "declare" in refused[0]
@@ -136,7 +136,7 @@ def test_an_unusable_index_is_replaced_though_the_tier_is_not_written(
     # The next start loads it, without indexing the rows again.
     third = make_sidecar(CONFIG % 10, name="damaged.db")
     assert _observed(third) == expected
-    loaded = third.sidecar.engine.partitions.cached(KEY)
+    loaded = third.sidecar.engine.inside().partitions.cached(KEY)
     assert isinstance(loaded, CompactPartition)
     assert loaded.storage.indexed == indexed
     assert not third.sidecar.engine.indexing()
@@ -195,7 +195,7 @@ def test_an_index_another_version_made_is_left_in_place_and_a_damaged_one_droppe
 
     second = make_sidecar(CONFIG % 10, name="foreign.db")
     assert _observed(second) == expected
-    assert isinstance(second.sidecar.engine.partitions.cached(KEY), CompactPartition)
+    assert isinstance(second.sidecar.engine.inside().partitions.cached(KEY), CompactPartition)
     _wait_indexed(second)
     source = second.store.indexes.source(*KEY)
     assert source.indexed == indexed

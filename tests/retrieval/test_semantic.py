@@ -145,7 +145,7 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
     running = make_sidecar(LOCAL)
     notes = add_notes(running)
     assert vector_rows(running) == len(NOTES)
-    model = running.sidecar.engine.semantic.model  # type: ignore[union-attr]
+    model = running.sidecar.engine.inside().semantic.model  # type: ignore[union-attr]
     assert running.store.vectors.unembedded(model, 0, 100) == []
 
     # New content, new vector: the old paraphrase no longer finds it, the
@@ -192,7 +192,7 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
     assert vector_rows(before) == 0
 
     after = make_sidecar(LOCAL, db=before.db)
-    semantic = after.sidecar.engine.semantic
+    semantic = after.sidecar.engine.inside().semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
     while after.store.vectors.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
@@ -276,7 +276,7 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         sent = [r["body"]["input"] for r in model_endpoint.requests]
         assert sent[: len(NOTES)] == [[f"passage: {note}"] for note in NOTES]
         assert sent[-1] == ["query: which musical instrument"]
-        semantic = running.sidecar.engine.semantic
+        semantic = running.sidecar.engine.inside().semantic
         assert semantic is not None
         assert semantic.model.startswith("endpoint:minilm+prefixes:")
         assert running.store.vectors.unembedded(semantic.model, 0, 100) == []
@@ -286,7 +286,7 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         running.sidecar.stop(grace=1)
         asked = len(model_endpoint.requests)
         plain = make_sidecar(endpoint_yaml(model_endpoint), db=running.db)
-        semantic = plain.sidecar.engine.semantic
+        semantic = plain.sidecar.engine.inside().semantic
         assert semantic is not None
         assert semantic.model == "endpoint:minilm"
         deadline = time.monotonic() + 30
@@ -320,7 +320,7 @@ def test_an_endpoint_that_is_down_loses_nothing_and_is_backfilled(
     assert sum(n for (operation, _), n in counted.items() if operation == "query") == 3
 
     # Up again: the backfill embeds what was stored without a vector.
-    semantic = running.sidecar.engine.semantic
+    semantic = running.sidecar.engine.inside().semantic
     assert semantic is not None
     with model_endpoint.serving():
         semantic.backfill()
@@ -340,7 +340,7 @@ def test_an_endpoint_that_hangs_costs_one_deadline_not_one_per_call(
         add_notes(writer)
         writer.sidecar.stop(grace=1)
         running = make_sidecar(endpoint_yaml(model_endpoint, timeout=0.3), db=writer.db)
-        semantic = running.sidecar.engine.semantic
+        semantic = running.sidecar.engine.inside().semantic
         assert semantic is not None
         assert running.store.vectors.unembedded(semantic.model, 0, 10) == []
         before, asked = fallbacks(running), len(model_endpoint.requests)
@@ -363,7 +363,7 @@ def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
     kept = [before.add(text, scope=small).memory for text in NOTES[:2]]
 
     after = make_sidecar("server: {compact_tier_entries: 4, semantic_encoder: local}", db=before.db)
-    semantic = after.sidecar.engine.semantic
+    semantic = after.sidecar.engine.inside().semantic
     assert semantic is not None
     deadline = time.monotonic() + 30
     while (

@@ -235,7 +235,7 @@ def test_the_pass_that_learns_a_new_dimension_replaces_the_old_one_s_vectors(
         endpoint.dimension = 512
         second = make_sidecar(_yaml(endpoint.url), name="learnt.db")
         _wait_embedded(second, 512, len(NOTES) + 1)
-        semantic = second.sidecar.engine.semantic
+        semantic = second.sidecar.engine.inside().semantic
         assert semantic is not None
         assert semantic.dimension == 512
     assert fallbacks(second) == {}

@@ -109,7 +109,7 @@ def test_allow_computes_nothing(make_sidecar: MakeSidecar) -> None:
     assert list(second.similar) == []
     assert len(contents(running)) == 2
     # Not even the tier is loaded for it.
-    assert running.sidecar.engine.partitions.cached((Tier.USER, "ada")) is None
+    assert running.sidecar.engine.inside().partitions.cached((Tier.USER, "ada")) is None
 
 
 def test_a_merely_related_entry_is_not_reported(sidecar: Running) -> None:
@@ -182,16 +182,16 @@ def test_a_compact_tier_is_not_checked(make_sidecar: MakeSidecar) -> None:
     assert (info.reason, info.metadata["memory_id"]) == ("SIMILAR_MEMORY", ids[0])
     ids += [running.add(note, scope=SCOPE).memory.id for note in NOTES[4:]]
     # 5 entries and up: held compactly, not checked, and not loaded for a write.
-    assert running.sidecar.engine.partitions.cached(key) is None
+    assert running.sidecar.engine.inside().partitions.cached(key) is None
     added = running.add("We deploy to AWS in us-east-1", scope=SCOPE)
     assert added.created
     assert list(added.similar) == []
-    assert running.sidecar.engine.partitions.cached(key) is None
+    assert running.sidecar.engine.inside().partitions.cached(key) is None
     again = running.add(NOTES[3], scope=SCOPE)
     assert (again.created, again.memory.id) == (False, ids[3])
     # Once loaded (by a search), compactly: still not checked.
     running.stub.SearchMemories(pb.SearchMemoriesRequest(scope=SCOPE, query="deploy"))
-    assert isinstance(running.sidecar.engine.partitions.cached(key), CompactPartition)
+    assert isinstance(running.sidecar.engine.inside().partitions.cached(key), CompactPartition)
     assert running.add("The repo uses uv and not pip", scope=SCOPE).created
 
 

@@ -95,8 +95,8 @@ def test_without_a_live_feed_every_turn_checks_the_database(
     metrics = Metrics(CollectorRegistry())
     reader_store = Store(dsn, on_query=metrics.db_query)
     engine = MemoryEngine(cfg, reader_store, metrics=metrics, changes=True)
-    assert engine.feed is not None
-    assert not engine.feed.verified
+    assert engine.inside().feed is not None
+    assert not engine.inside().feed.verified
     scope, policy = Scope("coder", "ada"), TierPolicy(2200)
     try:
         assert engine.inject(scope, "s").system_block == ""
