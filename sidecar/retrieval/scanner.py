@@ -173,7 +173,12 @@ def _in_its_place(ch: str, before: str, after: str) -> bool:
     if ch == "\u200b":  # a word break in Khmer, Thai, Lao, Myanmar ...
         return _in_word_break_script(before) and _in_word_break_script(after)
     # Mongolian free variation selectors after a Mongolian letter.
-    return 0x180B <= ord(ch) <= 0x180F and unicodedata.name(before, "").startswith("MONGOLIAN")
+    # `before` is "" at the start of the text: unicodedata.name takes one character.
+    return (
+        0x180B <= ord(ch) <= 0x180F
+        and bool(before)
+        and unicodedata.name(before, "").startswith("MONGOLIAN")
+    )
 
 
 def _isolate_end(text: str, i: int) -> int | None:

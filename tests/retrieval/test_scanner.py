@@ -104,6 +104,10 @@ def test_every_invisible_character_of_this_python_is_looked_at() -> None:
         ("ig\U000e0002nore", False),
         ("keycap 1\ufe0f\u20e3, heart \u2764\ufe0f", True),
         ("\u845b\U000e0100 (an ideographic variant)", True),
+        # A Mongolian selector after a Mongolian letter; one with nothing
+        # before it (the first character) crashed the scan.
+        ("\u1820\u180b", True),
+        ("\u180eabc", False),
     ],
 )
 def test_joiners_and_marks_pass_only_where_writing_needs_them(text: str, allowed: bool) -> None:
