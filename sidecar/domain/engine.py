@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sidecar.config.settings import AgentSettings
-from sidecar.core.errors import BudgetExceeded, InvalidArgument, SimilarExists
+from sidecar.core.errors import BudgetExceeded, InvalidArgument, Reason, SimilarExists
 from sidecar.core.memory import Memory, Scope, Tier, Usage
 from sidecar.core.metrics import Metrics
 from sidecar.domain.erasure import Forgotten
@@ -113,7 +113,7 @@ def _require_user(settings: AgentSettings, scope: Scope, tier: Tier) -> None:
             "a user-profile write needs scope.user_id: without one it would land in the "
             "profile shared by every caller that sends none; send the user's id, or set "
             "shared_user_profile: true for this agent if that shared profile is meant",
-            reason="USER_ID_REQUIRED",
+            reason=Reason.USER_ID_REQUIRED,
             metadata={"field": "scope.user_id", "tier": tier.value},
         )
 
@@ -135,7 +135,7 @@ def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) ->
         raise InvalidArgument(
             f"{field} was refused by the content scan ({finding.pattern}: "
             f"{finding.excerpt!r}); memories are injected into system prompts",
-            reason="CONTENT_REJECTED",
+            reason=Reason.CONTENT_REJECTED,
             metadata={"field": field, "pattern": finding.pattern},
         )
     log.warning(
