@@ -8,7 +8,6 @@ import contextlib
 import signal
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -20,7 +19,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.store import Store
-from tests.conftest import spawn_daemon
+from tests.conftest import eventually, spawn_daemon
 from tests.test_erasure import SECRET
 
 pytestmark = pytest.mark.contract
@@ -132,13 +131,16 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
         with kill_point(db, when) as due:
             caller = threading.Thread(target=call)
             caller.start()
-            deadline = time.monotonic() + 30
-            while not due():
+
+            def started() -> bool:
+                if due():
+                    return True
                 assert not outcome, "the call ended before its transaction was seen"
-                assert time.monotonic() < deadline, "the erasure never started"
-                # A pause far shorter than the erasure: a busy loop would take
-                # a core from the daemon it waits for.
-                time.sleep(0.002)
+                return False
+
+            # A pause far shorter than the erasure: a busy loop would take a
+            # core from the daemon it waits for.
+            eventually(started, "the erasure starts", within=30, pause=0.002)
             daemon.process.send_signal(signal.SIGKILL)
         caller.join(30)
         channel.close()

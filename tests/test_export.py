@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,7 @@ from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.ops import cli
 from sidecar.storage import archive
 from sidecar.storage._backend import ROWS_PER_INSERT
-from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
+from tests.conftest import MakeSidecar, Running, error_info, eventually, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
 
@@ -283,10 +282,12 @@ def test_a_cancelled_export_lets_go_of_its_slot_and_connection(make_sidecar: Mak
     assert (error_info(error).reason, error_info(error).metadata["max"]) == ("EXPORTS_BUSY", "1")
     stream.cancel()
     # The daemon notices the cancel at its next send; wait for it, bounded.
-    deadline = time.monotonic() + 20
-    while (exports.running or _connections_in_use(running)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert (exports.running, _connections_in_use(running)) == (0, 0)
+    eventually(
+        lambda: (exports.running, _connections_in_use(running)) == (0, 0),
+        "the export lets go of its slot and connection",
+        within=20,
+        pause=0.02,
+    )
     assert len(ids(export(running, scope=SCOPE))) == 1200
 
 
@@ -404,11 +405,14 @@ def test_the_cli_waits_for_a_busy_slot_and_resumes(
     )
     command.start()
     # Released only once the CLI was refused (a liveness bound).
-    deadline = time.monotonic() + 30
-    while not registry.get_sample_value("grpc_server_handled_total", busy):
-        assert time.monotonic() < deadline, "the CLI never met the busy slot"
+
+    def refused_once() -> bool:
+        if registry.get_sample_value("grpc_server_handled_total", busy):
+            return True
         assert command.is_alive(), capsys.readouterr().err
-        time.sleep(0.02)
+        return False
+
+    eventually(refused_once, "the CLI meets the busy slot", within=30, pause=0.02)
     holder.cancel()
     command.join(timeout=60)
     assert codes == [0], capsys.readouterr().err

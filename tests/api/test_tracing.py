@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -31,7 +30,7 @@ from sidecar.config import settings as config_mod
 from sidecar.core.errors import ConfigError
 from sidecar.core.metrics import Metrics
 from sidecar.ops import daemon
-from tests.conftest import ROOT, Running, refused, sqlite_file
+from tests.conftest import ROOT, Running, eventually, refused, sqlite_file
 
 # What must never reach a span: the memory's text and the scope's ids.
 CONTENT = "Ada's deploy key lives in the blue vault"
@@ -201,11 +200,12 @@ def test_a_cancelled_stream_is_canceled_not_an_error(traced: Traced) -> None:
     assert next(call).event.kind == pb.MemoryEvent.KIND_SYNC
     call.cancel()
     # The span ends once the handler has (a liveness bound).
-    deadline = time.monotonic() + 20
-    while not traced.rpc("WatchMemories"):
-        assert time.monotonic() < deadline, "the cancelled watch's span never ended"
-        time.sleep(0.05)
-    (span,) = traced.rpc("WatchMemories")
+    (span,) = eventually(
+        lambda: traced.rpc("WatchMemories"),
+        "the cancelled watch's span ends",
+        within=20,
+        pause=0.05,
+    )
     assert span.attributes is not None
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
     assert span.status.status_code is StatusCode.UNSET

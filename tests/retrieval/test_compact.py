@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from sidecar.retrieval.ranking import Weights, rank
 from sidecar.storage import archive
 from sidecar.storage._statements import Record
 from sidecar.storage.index import IndexSource
-from tests.conftest import MakeSidecar, Running
+from tests.conftest import MakeSidecar, Running, eventually
 
 pytestmark = pytest.mark.contract
 
@@ -337,10 +336,12 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
 
 
 def _wait_indexed(running: Running) -> None:
-    deadline = time.monotonic() + 60
-    while running.sidecar.engine.indexing():
-        assert time.monotonic() < deadline, "the compact index was never persisted"
-        time.sleep(0.02)
+    eventually(
+        lambda: not running.sidecar.engine.indexing(),
+        "the compact index is persisted",
+        within=60,
+        pause=0.02,
+    )
 
 
 def _state(running: Running) -> tuple[int, int]:
@@ -405,8 +406,8 @@ def test_a_persisted_index_still_loads_once_entries_expire(make_sidecar: MakeSid
     key = (Tier.MEMORY, "agent")
 
     def wait_past(memory: pb.Memory) -> None:
-        while datetime.now(UTC) <= memory.expires_at.ToDatetime(tzinfo=UTC):
-            time.sleep(0.05)
+        expires = memory.expires_at.ToDatetime(tzinfo=UTC)
+        eventually(lambda: datetime.now(UTC) > expires, "the entry's expiry passes", pause=0.05)
 
     def loaded_from_index(indexed: int) -> Running:
         running = make_sidecar(config % 10, name="same.db")
