@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, contents, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -35,10 +35,6 @@ def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:
 def delete(running: Running, **fields: Any) -> pb.DeleteMemoryResponse:
     fields.setdefault("scope", SCOPE)
     return running.stub.DeleteMemory(pb.DeleteMemoryRequest(**fields), timeout=10)
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE, **fields: Any) -> list[str]:
-    return [m.content for m in running.list(scope=scope, **fields).memories]
 
 
 @contextlib.contextmanager
@@ -69,7 +65,7 @@ def test_update_by_match_changes_the_one_entry_holding_the_text(sidecar: Running
     assert response.usage.tier == pb.TIER_MEMORY
     assert response.usage.entry_count == 2
     assert response.usage.used_chars == len(uv.content) + 3 + len("CI runs on Alpine")
-    assert contents(sidecar) == ["The repo uses uv, not pip", "CI runs on Alpine"]
+    assert contents(sidecar, SCOPE) == ["The repo uses uv, not pip", "CI runs on Alpine"]
 
 
 def test_update_by_match_changes_only_the_fields_given(sidecar: Running) -> None:
@@ -89,7 +85,7 @@ def test_delete_by_match_removes_the_entry_and_frees_its_budget(sidecar: Running
     assert response.memory == gone
     assert response.usage.entry_count == 1
     assert response.usage.used_chars == len("keep me")
-    assert contents(sidecar) == ["keep me"]
+    assert contents(sidecar, SCOPE) == ["keep me"]
     # Once gone, the same text names nothing.
     again = refused(delete, sidecar, match="hunter2")
     assert again.code() == grpc.StatusCode.NOT_FOUND
@@ -102,13 +98,13 @@ def test_the_match_is_looked_up_in_the_named_tier_only(sidecar: Running) -> None
 
     # TIER_UNSPECIFIED looks in the agent notes.
     assert update(sidecar, match="tabs", content="Ada prefers spaces").memory.id == note.id
-    assert contents(sidecar, tier=pb.TIER_USER) == ["Ada prefers tabs"]
+    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == ["Ada prefers tabs"]
 
     response = delete(sidecar, match="tabs", tier=pb.TIER_USER)
     assert response.memory.id == fact.id
     assert response.usage.tier == pb.TIER_USER
-    assert contents(sidecar, tier=pb.TIER_USER) == []
-    assert contents(sidecar, tier=pb.TIER_MEMORY) == ["Ada prefers spaces"]
+    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == []
+    assert contents(sidecar, SCOPE, tier=pb.TIER_MEMORY) == ["Ada prefers spaces"]
 
     with unchanged(sidecar):
         missing = refused(delete, sidecar, match="spaces", tier=pb.TIER_USER)
@@ -235,7 +231,7 @@ def test_matching_is_case_sensitive_and_literal(sidecar: Running) -> None:
     assert update(sidecar, match="HTTPS", content="Use HTTPS only").memory.content == (
         "Use HTTPS only"
     )
-    assert contents(sidecar) == [
+    assert contents(sidecar, SCOPE) == [
         "Use HTTPS only",
         "Coverage must stay above 90 on dev",
         "Env var MAXARETRIES is a typo",
@@ -247,7 +243,7 @@ def test_a_match_may_span_lines_and_hold_any_character(sidecar: Running) -> None
     sidecar.add("Café «naïve» résumé 😀", scope=SCOPE)
     assert delete(sidecar, match="build\n2.").memory.content == "Steps:\n1. build\n2. ship"
     assert delete(sidecar, match="«naïve» résumé 😀").memory.content == "Café «naïve» résumé 😀"
-    assert contents(sidecar) == []
+    assert contents(sidecar, SCOPE) == []
 
 
 @pytest.mark.parametrize("call", [update, delete], ids=["update", "delete"])
@@ -410,7 +406,7 @@ def test_racing_edits_by_the_same_text_act_once(make_sidecar: MakeSidecar) -> No
         won = [o for o in outcomes if o.startswith("OK")]
         assert len(won) == 1, outcomes
         assert sorted(set(outcomes) - set(won)) == ["MATCH_NOT_FOUND"], outcomes
-        left = [c for c in contents(a) if c.startswith(f"ticket {round_} ")]
+        left = [c for c in contents(a, SCOPE) if c.startswith(f"ticket {round_} ")]
         if round_ % 2:
             assert left == []
         else:
@@ -496,4 +492,4 @@ def test_an_edit_waiting_on_another_acts_on_what_that_one_left(
     assert isinstance(error, grpc.RpcError)
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(error).reason == "MATCH_NOT_FOUND"
-    assert contents(a) == contents(b) == ["ticket 7 closed by A"]
+    assert contents(a, SCOPE) == contents(b, SCOPE) == ["ticket 7 closed by A"]

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access import pki  # noqa: F401 (a fixture)
 from tests.api.test_access_tokens import ADA, ADMIN, AGENT_A, tokens_file  # noqa: F401
-from tests.conftest import MakeSidecar, Running, run_sidecar, spawn_daemon
+from tests.conftest import MakeSidecar, Running, contents, run_sidecar, spawn_daemon
 
 T = TypeVar("T")
 MODES = ("legacy", "auto")
@@ -88,12 +88,6 @@ def mcp_sidecar(make_sidecar: MakeSidecar, yaml_text: str = "", **server: Any) -
 def url(running: Running) -> str:
     assert running.addresses.mcp is not None
     return running.addresses.mcp
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE, token: str = "") -> list[str]:
-    metadata = [("authorization", f"Bearer {token}")] if token else None
-    listed = running.stub.GetMemories(pb.GetMemoriesRequest(scope=scope), metadata=metadata)
-    return sorted(m.content for m in listed.memories)
 
 
 def tool_calls(running: Running, tool: str, outcome: str) -> float:
@@ -162,7 +156,7 @@ def test_add_replace_remove_search_and_list(make_sidecar: MakeSidecar, mode: str
     assert removed.structured_content["memory"]["content"] == "Ada likes tea"
     assert [m["content"] for m in listed.structured_content["memories"]] == ["Deploys use uv 0.5"]
     # The daemon's store saw exactly that, in the scope the headers named.
-    assert contents(running) == ["Deploys use uv 0.5"]
+    assert contents(running, SCOPE) == ["Deploys use uv 0.5"]
     assert tool_calls(running, "memory", "ok") == 4
 
 
@@ -186,7 +180,7 @@ def test_a_full_tier_is_a_tool_error_listing_its_entries(make_sidecar: MakeSidec
     assert f"1. (28 chars) {first}" in text
     assert f"2. (25 chars) {second}" in text
     assert full.structured_content["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
-    assert contents(running) == sorted([first, second])
+    assert sorted(contents(running, SCOPE)) == sorted([first, second])
     assert tool_calls(running, "memory", "error") == 1
 
 
@@ -217,7 +211,10 @@ def test_old_text_that_matches_no_entry_or_several_is_a_tool_error(
     assert "'Production deploys on Friday'" in ambiguous.content[0].text
     assert no_old_text.is_error
     assert "`old_text` is required" in no_old_text.content[0].text
-    assert contents(running) == ["Production deploys on Friday", "Staging deploys at noon"]
+    assert sorted(contents(running, SCOPE)) == [
+        "Production deploys on Friday",
+        "Staging deploys at noon",
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -246,7 +243,7 @@ def test_an_argument_naming_another_scope_is_refused_and_changes_nothing(
         assert "set by the connection, not by arguments" in result.content[0].text
         assert result.structured_content["error"]["reason"] == "ARGUMENTS_INVALID"
     assert contents(running, other) == ["Other's note"]
-    assert contents(running) == []
+    assert contents(running, SCOPE) == []
 
 
 def test_an_unknown_tool_is_an_mcp_error(make_sidecar: MakeSidecar) -> None:
@@ -464,8 +461,8 @@ def test_a_restricted_token_cannot_widen_its_scope_by_headers(
 
     assert not run(allowed).is_error
     own = pb.Scope(agent_id="agent-a", user_id="ada")
-    assert contents(running, own, ADMIN) == ["Agent A's note"]
-    assert contents(running, SCOPE, ADMIN) == []
+    assert contents(running, own, token=ADMIN) == ["Agent A's note"]
+    assert contents(running, SCOPE, token=ADMIN) == []
 
 
 def test_an_mcp_session_stays_with_its_token_and_scope(

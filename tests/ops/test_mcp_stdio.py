@@ -20,8 +20,8 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access_tokens import ADMIN, tokens_file  # noqa: F401 (a fixture)
-from tests.api.test_mcp_http import MODES, SCOPE, contents, refused_connection, run
-from tests.conftest import ROOT, MakeSidecar, run_sidecar
+from tests.api.test_mcp_http import MODES, SCOPE, refused_connection, run
+from tests.conftest import ROOT, MakeSidecar, contents, run_sidecar
 
 FROZEN = "memory://frozen-block"
 
@@ -84,7 +84,7 @@ def test_the_tools_act_in_the_daemon_in_the_command_lines_scope(
     assert full.is_error
     assert full.content[0].text.startswith("Not saved: agent notes (target=memory) is full [")
     assert "1. (13 chars) Builds use uv" in full.content[0].text
-    assert contents(running) == ["Builds use uv"]
+    assert contents(running, SCOPE) == ["Builds use uv"]
     assert contents(running, other) == []
 
 
@@ -172,8 +172,10 @@ def test_the_tokens_grant_applies_unchanged(
         assert error.code == -32600
         assert (error.data["code"], error.data["reason"]) == (code, reason)
     assert not run(allowed).is_error
-    assert contents(running, SCOPE, ADMIN) == []
-    assert contents(running, pb.Scope(agent_id="agent-a", user_id="ada"), ADMIN) == ["A's note"]
+    assert contents(running, SCOPE, token=ADMIN) == []
+    assert contents(running, pb.Scope(agent_id="agent-a", user_id="ada"), token=ADMIN) == [
+        "A's note"
+    ]
 
 
 def test_errors_are_the_http_listeners(make_sidecar: MakeSidecar) -> None:
