@@ -55,14 +55,20 @@ class Running:
     db: str = ""
 
     def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
-        return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **fields), timeout=timeout)
+        request = pb.AddMemoryRequest(content=content, **fields)
+        response: pb.AddMemoryResponse = self.stub.AddMemory(request, timeout=timeout)
+        return response
 
     def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
-        return self.stub.GetMemories(pb.GetMemoriesRequest(**fields), timeout=timeout)
+        response: pb.GetMemoriesResponse = self.stub.GetMemories(
+            pb.GetMemoriesRequest(**fields), timeout=timeout
+        )
+        return response
 
     def turn(self, session_id: str, message: str = "", **fields: Any) -> pb.InjectForTurnResponse:
         request = pb.InjectForTurnRequest(session_id=session_id, user_message=message, **fields)
-        return self.stub.InjectForTurn(request, timeout=10)
+        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=10)
+        return response
 
     def db_queries(self) -> float:
         """SQL statements the store has run so far (from the metrics registry)."""

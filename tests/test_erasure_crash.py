@@ -44,14 +44,14 @@ def seed(db: str) -> None:
     archive.restore(store, entries)
     # And a vector and an idempotency key per entry: all of it goes, or none.
     # Set-based (one statement each, on either backend), not a Python loop.
-    backend, db = store.tables.backend, store.tables.db
-    with db.connection_context(), backend.write_transaction():
-        db.execute_sql(
+    backend, database = store.tables.backend, store.tables.db
+    with database.connection_context(), backend.write_transaction():
+        database.execute_sql(
             "INSERT INTO memory_vectors (seq, model, content_sha256, vector)"
-            f" SELECT seq, 'test', 'digest', {db.param} FROM memories WHERE owner = 'ada'",
+            f" SELECT seq, 'test', 'digest', {database.param} FROM memories WHERE owner = 'ada'",
             (b"\x00\x01",),
         )
-        db.execute_sql(
+        database.execute_sql(
             "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
             " created_at) SELECT 'ada', 'user', 'key-' || CAST(seq AS TEXT), 'id', 'digest', 0"
             " FROM memories WHERE owner = 'ada'"
@@ -63,7 +63,7 @@ def left_of_ada(store: Store) -> tuple[int, int, int]:
     """Ada's entries, vectors and idempotency keys still stored."""
     db = store.tables.db
     with db.connection_context():
-        return tuple(  # type: ignore[return-value]
+        return tuple(
             db.execute_sql(sql).fetchone()[0]
             for sql in (
                 "SELECT COUNT(*) FROM memories WHERE owner = 'ada'",

@@ -53,7 +53,9 @@ def ids(responses: Iterable[pb.ExportMemoriesResponse]) -> list[str]:
     return [memory.id for _, memory in parsed(responses)]
 
 
-def listed(running: Running, scope: pb.Scope, tier: int = 0) -> list[pb.Memory]:
+def listed(
+    running: Running, scope: pb.Scope, tier: pb.Tier = pb.TIER_UNSPECIFIED
+) -> list[pb.Memory]:
     """Every entry GetMemories lists, page after page."""
     memories: list[pb.Memory] = []
     request = pb.GetMemoriesRequest(scope=scope, tier=tier, page_size=7)
@@ -240,14 +242,14 @@ def test_a_bad_cursor_or_batch_size_is_refused(make_sidecar: MakeSidecar) -> Non
         error = refused(export, running, **fields)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
         assert error_info(error).reason == "CURSOR_INVALID", fields
-        assert "cursor" in error.details()
+        assert "cursor" in (error.details() or "")
     # A cursor with its position changed (decoded, edited, encoded again).
     fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     fields[3] = 1
     edited = base64.urlsafe_b64encode(json.dumps(fields).encode()).decode()
     error = refused(export, running, scope=SCOPE, cursor=edited)
     assert error_info(error).reason == "CURSOR_INVALID"
-    assert "did not issue" in error.details() or "issued" in error.details()
+    assert "did not issue" in (error.details() or "") or "issued" in (error.details() or "")
     error = refused(export, running, scope=SCOPE, batch_size=-1)
     assert error_info(error).reason == "BATCH_SIZE_OUT_OF_RANGE"
     error = refused(export, running, scope=SCOPE, tier=7)

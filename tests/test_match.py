@@ -29,12 +29,18 @@ WAIT_SECONDS = 30.0
 
 def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:
     fields.setdefault("scope", SCOPE)
-    return running.stub.UpdateMemory(pb.UpdateMemoryRequest(**fields), timeout=10)
+    response: pb.UpdateMemoryResponse = running.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(**fields), timeout=10
+    )
+    return response
 
 
 def delete(running: Running, **fields: Any) -> pb.DeleteMemoryResponse:
     fields.setdefault("scope", SCOPE)
-    return running.stub.DeleteMemory(pb.DeleteMemoryRequest(**fields), timeout=10)
+    response: pb.DeleteMemoryResponse = running.stub.DeleteMemory(
+        pb.DeleteMemoryRequest(**fields), timeout=10
+    )
+    return response
 
 
 @contextlib.contextmanager
@@ -146,19 +152,20 @@ def test_no_match_is_not_found_and_changes_nothing(sidecar: Running) -> None:
     sidecar.add("The repo uses uv", scope=SCOPE)
     sidecar.add("Ada likes short answers", scope=SCOPE, tier=pb.TIER_USER)
 
-    for call, fields in [
+    cases: list[tuple[Callable[..., Any], dict[str, Any]]] = [
         (update, {"match": "poetry", "content": "The repo uses poetry"}),
         (delete, {"match": "poetry"}),
         # An empty partition: nothing was ever written there for this agent.
         (delete, {"match": "uv", "scope": pb.Scope(agent_id="fresh", user_id="ada")}),
-    ]:
+    ]
+    for call, fields in cases:
         with unchanged(sidecar):
             error = refused(call, sidecar, **fields)
         assert error.code() == grpc.StatusCode.NOT_FOUND
         info = error_info(error)
         assert info.reason == "MATCH_NOT_FOUND"
         assert dict(info.metadata) == {"field": "match", "tier": "memory"}
-        assert "poetry" in error.details() or "'uv'" in error.details()
+        assert "poetry" in (error.details() or "") or "'uv'" in (error.details() or "")
 
 
 def test_several_matches_are_refused_naming_the_candidates(sidecar: Running) -> None:
@@ -178,9 +185,9 @@ def test_several_matches_are_refused_naming_the_candidates(sidecar: Running) -> 
         assert info.metadata["candidate_ids"] == f"{first.id},{second.id}"
         assert info.metadata["candidate_1"] == f"{first.id} {first.content}"
         assert info.metadata["candidate_2"] == f"{second.id} {second.content}"
-        assert first.id in error.details()
-        assert second.id in error.details()
-        assert "'Deploy' occurs in 2 entries" in error.details()
+        assert first.id in (error.details() or "")
+        assert second.id in (error.details() or "")
+        assert "'Deploy' occurs in 2 entries" in (error.details() or "")
 
     # More text names one of them.
     assert delete(sidecar, match="Deploy production").memory.id == second.id
@@ -200,9 +207,9 @@ def test_many_matches_name_the_first_five_and_say_there_are_more(sidecar: Runnin
     assert info.metadata["more"] == "true"
     assert info.metadata["candidate_ids"].split(",") == [m.id for m in notes[:5]]
     assert "candidate_6" not in info.metadata
-    assert "more than 5 entries" in error.details()
-    assert "and more" in error.details()
-    assert long.id not in error.details()
+    assert "more than 5 entries" in (error.details() or "")
+    assert "and more" in (error.details() or "")
+    assert long.id not in (error.details() or "")
 
     # A candidate's content is quoted by its start only.
     sidecar.add("Port list: short", scope=SCOPE)
@@ -250,7 +257,7 @@ def test_a_match_may_span_lines_and_hold_any_character(sidecar: Running) -> None
 def test_id_and_match_exactly_one_of_them(sidecar: Running, call: Callable[..., Any]) -> None:
     memory = sidecar.add("The repo uses uv", scope=SCOPE).memory
     extra = {"content": "The repo uses pip"} if call is update else {}
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"id": memory.id, "match": "uv"}, "ID_AND_MATCH"),
         ({}, "ID_EMPTY"),
         ({"match": "   "}, "MATCH_EMPTY"),
@@ -264,9 +271,9 @@ def test_id_and_match_exactly_one_of_them(sidecar: Running, call: Callable[..., 
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, reason
         assert error_info(error).reason == reason
     both = refused(call, sidecar, id=memory.id, match="uv", **extra)
-    assert "both id and match" in both.details()
+    assert "both id and match" in (both.details() or "")
     neither = refused(call, sidecar, **extra)
-    assert "id and match are both empty" in neither.details()
+    assert "id and match are both empty" in (neither.details() or "")
 
 
 def test_the_match_may_be_as_long_as_content(make_sidecar: MakeSidecar) -> None:
@@ -278,7 +285,7 @@ def test_the_match_may_be_as_long_as_content(make_sidecar: MakeSidecar) -> None:
     # trailer, which must stay small.
     error = refused(delete, running, match="y" * 8192)
     assert error_info(error).reason == "MATCH_NOT_FOUND"
-    assert len(error.details()) < 200
+    assert len(error.details() or "") < 200
 
 
 def test_a_refused_update_by_match_leaves_the_store_unchanged(make_sidecar: MakeSidecar) -> None:
@@ -395,7 +402,7 @@ def test_racing_edits_by_the_same_text_act_once(make_sidecar: MakeSidecar) -> No
             else:
                 update(target, match=text, content=f"ticket {round_} closed by writer {n}")
         except grpc.RpcError as error:
-            return error_info(error).reason
+            return str(error_info(error).reason)
         return f"OK {n}"
 
     for round_ in range(6):

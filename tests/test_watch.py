@@ -46,9 +46,9 @@ class Watcher:
         after: int = 0,
         *,
         scope: pb.Scope = SCOPE,
-        tier: int = pb.TIER_UNSPECIFIED,
+        tier: pb.Tier = pb.TIER_UNSPECIFIED,
         read: bool = True,
-        after_tier: int = pb.TIER_UNSPECIFIED,
+        after_tier: pb.Tier = pb.TIER_UNSPECIFIED,
         after_id: str = "",
     ) -> None:
         self.call = stub.WatchMemories(
@@ -93,7 +93,7 @@ class Watcher:
 
     def drain(self) -> tuple[list[pb.MemoryEvent], grpc.RpcError]:
         """The events still to come, and the status the stream ends with."""
-        events = []
+        events: list[pb.MemoryEvent] = []
         while True:
             item = self.queue.get(timeout=WAIT_SECONDS)
             if isinstance(item, grpc.RpcError):
@@ -290,7 +290,7 @@ def test_a_resume_from_before_the_horizon_is_refused(
     assert info.reason == "WATCH_GENERATION_PRUNED"
     horizon = int(info.metadata["oldest_resumable_generation"])
     assert horizon > synced_at
-    assert "export" in error.details().lower()
+    assert "export" in (error.details() or "").lower()
     # From the horizon on, the stream goes on as usual.
     later = running.add("logged after the pruning", scope=SCOPE).memory
     event = watchers(running.stub, horizon).next()

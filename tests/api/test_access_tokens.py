@@ -194,7 +194,7 @@ def test_another_agents_scope_is_forbidden_and_nothing_changes(
             "agent_id": "agent-b",
             "user_id": "bob",
         }
-        assert "agent_id 'agent-b'" in error.details()
+        assert "agent_id 'agent-b'" in (error.details() or "")
     assert contents(running, theirs, token=ADMIN) == before
     # Its id used from an allowed scope is still only "not found".
     mine = pb.Scope(agent_id="agent-a", user_id="bob")

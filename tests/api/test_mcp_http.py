@@ -20,6 +20,7 @@ import httpx2
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent, TextResourceContents
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access import pki  # noqa: F401 (a fixture)
@@ -44,6 +45,12 @@ ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "appl
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(body())  # type: ignore[arg-type]
+
+
+def text_of(content: object) -> str:
+    """The text of a resource's or a message's content (these serve text only)."""
+    assert isinstance(content, TextResourceContents | TextContent), content
+    return content.text
 
 
 def bound(
@@ -281,7 +288,7 @@ def test_writes_through_mcp_refresh_the_frozen_block_as_grpc_writes_do(
 
     async def read(client: Client) -> str:
         resource = await client.read_resource("memory://frozen-block")
-        return str(resource.contents[0].text)
+        return text_of(resource.contents[0])
 
     async def body() -> tuple[str, str]:
         async with connect(url(running), session="s1") as client:
@@ -308,7 +315,7 @@ def test_under_on_compaction_the_block_waits_for_notify_compaction(
         async with connect(url(running), session="s1") as client:
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
             resource = await client.read_resource("memory://frozen-block")
-            return str(resource.contents[0].text)
+            return text_of(resource.contents[0])
 
     assert run(body) == before.system_block
     assert running.turn("s1", scope=SCOPE).system_block == before.system_block
@@ -323,7 +330,7 @@ def test_an_mcp_session_is_the_runtime_session(make_sidecar: MakeSidecar) -> Non
     running.add("The API is gRPC", scope=SCOPE)
 
     async def read(client: Client) -> str:
-        return str((await client.read_resource("memory://frozen-block")).contents[0].text)
+        return text_of((await client.read_resource("memory://frozen-block")).contents[0])
 
     async def body() -> tuple[str, str, str]:
         async with connect(url(running), "legacy") as client:
@@ -369,10 +376,10 @@ def test_the_prompt_is_the_turn_block_of_the_session(make_sidecar: MakeSidecar) 
 def test_unknown_resources_and_prompts_are_mcp_errors(make_sidecar: MakeSidecar) -> None:
     running = mcp_sidecar(make_sidecar)
 
-    async def body() -> tuple[Any, MCPError, MCPError, MCPError]:
+    async def body() -> tuple[Any, list[MCPError]]:
         async with connect(url(running)) as client:
             listed = (await client.list_resources()).resources
-            errors = []
+            errors: list[MCPError] = []
             for attempt in (
                 client.read_resource("memory://other-agent"),
                 client.get_prompt("another", {}),
@@ -381,9 +388,9 @@ def test_unknown_resources_and_prompts_are_mcp_errors(make_sidecar: MakeSidecar)
                 with pytest.raises(MCPError) as raised:
                     await attempt
                 errors.append(raised.value)
-            return listed, *errors
+            return listed, errors
 
-    listed, resource, prompt, argument = run(body)
+    listed, (resource, prompt, argument) = run(body)
     assert [(r.uri, r.mime_type) for r in listed] == [("memory://frozen-block", "text/plain")]
     assert (resource.code, prompt.code, argument.code) == (-32602, -32602, -32602)
     assert "memory://frozen-block" in resource.message
@@ -440,9 +447,9 @@ def test_a_restricted_token_cannot_widen_its_scope_by_headers(
     for token, agent, user in ((AGENT_A, "coder", "ada"), (ADA, "coder", "bob"), (ADA, "x", "ada")):
         forbidden = post(url(running), bound(agent, user, token=token))
         assert forbidden.status_code == 403, (token, agent, user)
-        error = refusal(forbidden)
-        assert error["data"]["reason"] == "SCOPE_FORBIDDEN"
-        assert "X-Memory-Agent-Id".lower() in error["message"].lower()
+        answer = refusal(forbidden)
+        assert answer["data"]["reason"] == "SCOPE_FORBIDDEN"
+        assert "X-Memory-Agent-Id".lower() in answer["message"].lower()
 
     async def forbidden_client() -> None:
         async with connect(url(running), mode, agent="coder", token=AGENT_A):
@@ -488,10 +495,12 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     long = post(url(running), bound("a" * 300))
     assert long.status_code == 400
     assert refusal(long)["data"]["reason"] == "FIELD_TOO_LONG"
+    # Bytes throughout: the headers below are not ASCII text.
+    accept = [(name.encode(), value.encode()) for name, value in ACCEPT.items()]
     with httpx2.Client(timeout=30) as http:
         latin = http.post(
             url(running),
-            headers=[*ACCEPT.items(), ("X-Memory-Agent-Id", b"\xff\xfe")],
+            headers=[*accept, (b"X-Memory-Agent-Id", b"\xff\xfe")],
             json=INITIALIZE,
         )
     assert latin.status_code == 400
@@ -500,7 +509,7 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     with httpx2.Client(timeout=30) as http:
         fine = http.post(
             url(running),
-            headers=[*ACCEPT.items(), ("X-Memory-Agent-Id", "café".encode())],
+            headers=[*accept, (b"X-Memory-Agent-Id", "café".encode())],
             json=INITIALIZE,
         )
     assert fine.status_code == 200

@@ -63,7 +63,7 @@ def answer(running: Running, token: str, agent: str) -> grpc.StatusCode:
 def health(running: Running) -> int:
     """The API listener's own health answer, within 5 s."""
     stub = health_pb2_grpc.HealthStub(running.channel)
-    return stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ SECRET_IDS = ("coder", "ada", "session-secret")
 def scrape(running: Running) -> str:
     assert running.addresses.metrics is not None
     with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
-        return r.read().decode()
+        body: bytes = r.read()
+    return body.decode()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -33,7 +33,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def health_status(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
 
 
 def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
@@ -179,6 +179,7 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
         ),
         "the server reports NOT_SERVING",
     )
+    assert running.addresses.health is not None
     assert health_status(running.addresses.health) == NOT_SERVING
     # stop() goes straight on to refusing new calls: a call may still slip
     # in just after NOT_SERVING (a loaded machine stretches that moment),

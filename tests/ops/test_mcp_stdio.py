@@ -20,7 +20,7 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access_tokens import ADMIN, tokens_file  # noqa: F401 (a fixture)
-from tests.api.test_mcp_http import MODES, SCOPE, refused_connection, run
+from tests.api.test_mcp_http import MODES, SCOPE, refused_connection, run, text_of
 from tests.conftest import ROOT, MakeSidecar, contents, run_sidecar
 
 FROZEN = "memory://frozen-block"
@@ -97,11 +97,11 @@ def test_writes_through_the_bridge_refresh_frozen_blocks_as_grpc_writes_do(
 
     async def body() -> tuple[str, str, str]:
         async with bridge(running.addresses.api, "--session-id", "s1") as client:
-            shown = (await client.read_resource(FROZEN)).contents[0].text
+            shown = text_of((await client.read_resource(FROZEN)).contents[0])
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
-            refreshed = (await client.read_resource(FROZEN)).contents[0].text
+            refreshed = text_of((await client.read_resource(FROZEN)).contents[0])
             prompt = await client.get_prompt("memory_context", {"user_message": "which API?"})
-            return shown, refreshed, prompt.messages[0].content.text
+            return shown, refreshed, text_of(prompt.messages[0].content)
 
     shown, refreshed, turn = run(body)
     assert shown == before.system_block
@@ -121,7 +121,7 @@ def test_under_on_compaction_the_block_waits_for_notify_compaction(
     async def body() -> str:
         async with bridge(running.addresses.api, "--session-id", "s1") as client:
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
-            return str((await client.read_resource(FROZEN)).contents[0].text)
+            return text_of((await client.read_resource(FROZEN)).contents[0])
 
     assert run(body) == before.system_block
     assert running.turn("s1", scope=SCOPE).system_block == before.system_block

@@ -17,19 +17,20 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.core.memory import Memory, Tier, Usage
 from sidecar.ops import cli
 from sidecar.retrieval import index_format
-from sidecar.retrieval.compact import CompactPartition, record_of
+from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
 from sidecar.retrieval.ranking import Weights, rank
 from sidecar.storage import archive
-from sidecar.storage._statements import Record
+from sidecar.storage._statements import Record, record_of
 from sidecar.storage.index import IndexSource
 from tests.conftest import MakeSidecar, Running, eventually
+from tests.retrieval.test_partition import Hooks
 
 pytestmark = pytest.mark.contract
 
 WORDS = ["deploy", "deploys", "kubernetes", "uv", "python", "july", "2023", "tea", "coffee", "ada"]
 CATEGORIES = ["", "env", "pref"]
-PLAIN: dict[str, Callable[..., object]] = {"scan": lambda m: None, "count_tokens": len}
+PLAIN: Hooks = {"scan": lambda m: None, "count_tokens": len}
 START = datetime(2023, 6, 30, 23, 59, 59, 999_999, tzinfo=UTC)
 
 
