@@ -111,8 +111,7 @@ class Store:
     `db` is a file path, or a postgresql:// DSN (the password, if any, is
     given apart so that it never appears where the DSN is shown).
 
-    >>> store = Store("memory.db")
-    >>> store.open() == schema.SCHEMA_VERSION  # brought up to date
+    >>> store = Store("memory.db"); store.open() == schema.SCHEMA_VERSION  # brought up to date
     True
     >>> written = store.add(Scope("agent"), Tier.MEMORY, "uses uv", "", 1.0, TierPolicy(2200))
     >>> store.close()
