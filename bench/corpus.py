@@ -86,7 +86,7 @@ COMMON = [
 
 def _vocabulary(rng: random.Random, size: int) -> list[str]:
     letters = "abcdefghijklmnoprstuvwy"
-    words = set()
+    words: set[str] = set()
     while len(words) < size:
         words.add("".join(rng.choice(letters) for _ in range(rng.randint(4, 9))))
     return sorted(words)

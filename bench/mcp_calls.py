@@ -34,6 +34,7 @@ import grpc
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent
 
 from bench.corpus import Corpus
 from bench.measure import SCOPE, UNLIMITED, Report, Row, daemon, latencies, pct, populate, us
@@ -124,7 +125,10 @@ class _Session:
                 result = await self._client.call_tool(name, arguments)
                 out.append(time.perf_counter() - start)
                 if result.is_error:
-                    raise RuntimeError(result.content[0].text)
+                    content = result.content[0]
+                    raise RuntimeError(
+                        content.text if isinstance(content, TextContent) else repr(content)
+                    )
             return out
 
         return asyncio.run_coroutine_threadsafe(batch(), self._loop).result(30 + count)

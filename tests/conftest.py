@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -40,6 +40,7 @@ from tests import pg
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgresql")
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,14 +55,20 @@ class Running:
     db: str = ""
 
     def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
-        return self.stub.AddMemory(pb.AddMemoryRequest(content=content, **fields), timeout=timeout)
+        request = pb.AddMemoryRequest(content=content, **fields)
+        response: pb.AddMemoryResponse = self.stub.AddMemory(request, timeout=timeout)
+        return response
 
     def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
-        return self.stub.GetMemories(pb.GetMemoriesRequest(**fields), timeout=timeout)
+        response: pb.GetMemoriesResponse = self.stub.GetMemories(
+            pb.GetMemoriesRequest(**fields), timeout=timeout
+        )
+        return response
 
     def turn(self, session_id: str, message: str = "", **fields: Any) -> pb.InjectForTurnResponse:
         request = pb.InjectForTurnRequest(session_id=session_id, user_message=message, **fields)
-        return self.stub.InjectForTurn(request, timeout=10)
+        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=10)
+        return response
 
     def db_queries(self) -> float:
         """SQL statements the store has run so far (from the metrics registry)."""
@@ -392,15 +399,36 @@ def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+def contents(running: Running, scope: pb.Scope, *, token: str = "", **fields: Any) -> list[str]:
+    """The contents of what GetMemories lists for `scope` and `fields`, in
+    its order; with `token`, asked as its bearer (as a daemon with tokens
+    requires)."""
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    request = pb.GetMemoriesRequest(scope=scope, **fields)
+    listed = running.stub.GetMemories(request, metadata=metadata, timeout=10)
+    return [m.content for m in listed.memories]
+
+
 def eventually(
-    check: Callable[[], bool], what: str, *, within: float = 10.0, pause: float = 0.01
-) -> None:
+    check: Callable[[], T | None],
+    what: str | Callable[[], str],
+    *,
+    within: float = 10.0,
+    pause: float = 0.01,
+) -> T:
     """Wait for `check` (another daemon's news, a server's state) to hold:
-    a liveness bound, not a timing claim."""
+    a liveness bound, not a timing claim. Returns the first truthy answer of
+    `check`, which is asked again `pause` seconds after each falsy one; an
+    assertion failing inside `check` fails the wait at once. After `within`
+    seconds the wait fails naming `what` (a callable when the message needs
+    the state at that moment, such as a log)."""
     deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
+    while not (answer := check()):
+        assert time.monotonic() < deadline, (
+            f"never happened: {what if isinstance(what, str) else what()}"
+        )
         time.sleep(pause)
+    return answer
 
 
 def require_tool(path: str | None, what: str) -> str:

@@ -99,7 +99,9 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, set(found)) for name, path in found.items()}
 
 
-def functions(tree_: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
+def functions(
+    tree_: ast.AST, prefix: str = ""
+) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     for node in ast.iter_child_nodes(tree_):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield prefix + node.name, node

@@ -62,7 +62,7 @@ def test_one_character_over_is_refused_with_details(make_sidecar: MakeSidecar) -
 def test_message_uses_thousands_separators(sidecar: Running) -> None:
     sidecar.add("x" * 2094, scope=SCOPE)
     error = refused(sidecar.add, "y" * 177, scope=SCOPE)
-    assert error.details().startswith(
+    assert (error.details() or "").startswith(
         "agent notes at 2,094/2,200 chars; this entry needs 180 more but only 106 are free"
     )
 
@@ -74,7 +74,7 @@ def test_user_tier_has_its_own_budget(make_sidecar: MakeSidecar) -> None:
     error = refused(running.add, "v", scope=SCOPE, tier=pb.TIER_USER)
     info = error_info(error)
     assert info.metadata["tier"] == "user"
-    assert error.details().startswith("user profile at 10/10 chars")
+    assert (error.details() or "").startswith("user profile at 10/10 chars")
 
 
 def test_characters_are_code_points_not_bytes(make_sidecar: MakeSidecar) -> None:

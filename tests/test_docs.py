@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import re
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.api.access import TokensFile
 from sidecar.config import settings
+from sidecar.core.memory import Scope
+from sidecar.core.metrics import Metrics
+from sidecar.domain.engine import MemoryEngine
+from sidecar.domain.tools import Tools
+from sidecar.storage.store import Store
 from tests.conftest import ROOT, Running
 
 
@@ -76,3 +90,66 @@ def test_make_test_does_not_install_the_lint_tools(tmp_path: Path) -> None:
     assert "@bufbuild/buf" not in planned
     assert "-m pytest" in planned
     assert "@bufbuild/buf" in _planned("lint", tmp_path)
+
+
+# --- the `>>>` examples in sidecar/ -------------------------------------------
+
+
+def _modules_with_examples() -> list[str]:
+    """Every sidecar module whose source shows a `>>>` example."""
+    return [
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in sorted((ROOT / "sidecar").rglob("*.py"))
+        if "_proto" not in path.parts and ">>>" in path.read_text()
+    ]
+
+
+@pytest.fixture
+def example_globals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """What the examples use without making it, as real as the daemon's: a
+    config listening on free ports, an open store and an engine over it, a
+    scope, a tokens file (tokens.yaml, giving "token-of-agent-a" to
+    agent-a), a listening socket. Run in a directory of their own, so a file
+    an example names lands there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agent-a.token").write_text("token-of-agent-a\n")
+    (tmp_path / "tokens.yaml").write_text(
+        "tokens: [{token_file: agent-a.token, agents: [agent-a], users: ['*']}]\n"
+    )
+    db = str(tmp_path / "daemon.db")
+    flags = {"db": db, "listen": "127.0.0.1:0", "mcp_listen": "127.0.0.1:0"}
+    config = settings.load(None, environ={}, flags=flags)
+    metrics = Metrics(CollectorRegistry())
+    store = Store(db)
+    store.open()
+    engine = MemoryEngine(config, store, metrics=metrics)
+    sock = socket.create_server(("127.0.0.1", 0))
+    try:
+        yield {
+            "config": config,
+            "metrics": metrics,
+            "store": store,
+            "engine": engine,
+            "tools": Tools(engine, config.server.limits()),
+            "scope": Scope("coder", "ada"),
+            "tokens": TokensFile("tokens.yaml"),
+            "sock": sock,
+        }
+    finally:
+        sock.close()
+        assert engine.stop_indexing(30)
+        store.close()
+
+
+def test_sidecar_has_docstring_examples() -> None:
+    assert _modules_with_examples()
+
+
+@pytest.mark.parametrize("name", _modules_with_examples())
+def test_docstring_examples_run_as_shown(name: str, example_globals: dict[str, Any]) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(
+        module, extraglobs=example_globals, optionflags=doctest.ELLIPSIS, report=False
+    )
+    assert result.attempted, f"{name} shows a `>>>` that is not in a docstring doctest finds"
+    assert result.failed == 0, f"{name}: the example's output is above"

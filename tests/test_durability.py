@@ -12,7 +12,7 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import Daemon, spawn_daemon
+from tests.conftest import Daemon, eventually, spawn_daemon
 
 WRITERS = 6
 
@@ -94,9 +94,7 @@ def hammer(
 def wait_for_writes(ledger: Ledger, acks: int) -> None:
     """Until the writers are well into their stream (not a fixed sleep: a
     loaded machine may need longer to get going), then a little more."""
-    deadline = time.monotonic() + 30
-    while ledger.acks < acks and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: ledger.acks >= acks, f"{acks} writes acknowledged", within=30, pause=0.02)
     time.sleep(0.2)
 
 

@@ -221,7 +221,9 @@ def test_a_repeat_waits_for_the_other_replicas_too(
     engine.forget_user("ada", actor="test")
     repeat = engine.forget_user("ada", actor="test")
     assert repeat.erased.memories == 0
-    assert waits == [engine.inside().feed.settle_seconds] * 2
+    feed = engine.inside().feed
+    assert feed is not None
+    assert waits == [feed.settle_seconds] * 2
     # Nothing was ever erased there: nothing to wait for.
     engine.forget_user("nobody", actor="test")
     assert len(waits) == 2
@@ -336,7 +338,7 @@ def test_an_export_running_over_an_erased_scope_ends_aborted(
                 pass
     assert raised.value.code() == grpc.StatusCode.ABORTED
     assert error_info(raised.value).reason == "SCOPE_ERASED"
-    assert "export again" in raised.value.details()
+    assert "export again" in (raised.value.details() or "")
     # A stream begun after it is not aborted (and finds nothing).
     assert export(running, scope=ADA, tier=pb.TIER_USER)[-1].done
 
@@ -513,7 +515,7 @@ def test_forget_user_needs_a_user_id(make_sidecar: MakeSidecar) -> None:
     error = refused(sidecar.stub.ForgetUser, pb.ForgetUserRequest(), timeout=10)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(error).reason == "USER_ID_EMPTY"
-    assert "DeleteScope" in error.details()
+    assert "DeleteScope" in (error.details() or "")
     # The shared empty-user profile goes with DeleteScope.
     sidecar.add("shared profile fact", scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
     request = pb.DeleteScopeRequest(scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)

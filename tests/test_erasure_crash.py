@@ -8,7 +8,6 @@ import contextlib
 import signal
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -20,7 +19,7 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.store import Store
-from tests.conftest import spawn_daemon
+from tests.conftest import eventually, spawn_daemon
 from tests.test_erasure import SECRET
 
 pytestmark = pytest.mark.contract
@@ -45,14 +44,14 @@ def seed(db: str) -> None:
     archive.restore(store, entries)
     # And a vector and an idempotency key per entry: all of it goes, or none.
     # Set-based (one statement each, on either backend), not a Python loop.
-    backend, db = store.tables.backend, store.tables.db
-    with db.connection_context(), backend.write_transaction():
-        db.execute_sql(
+    backend, database = store.tables.backend, store.tables.db
+    with database.connection_context(), backend.write_transaction():
+        database.execute_sql(
             "INSERT INTO memory_vectors (seq, model, content_sha256, vector)"
-            f" SELECT seq, 'test', 'digest', {db.param} FROM memories WHERE owner = 'ada'",
+            f" SELECT seq, 'test', 'digest', {database.param} FROM memories WHERE owner = 'ada'",
             (b"\x00\x01",),
         )
-        db.execute_sql(
+        database.execute_sql(
             "INSERT INTO idempotency_keys (owner, tier, key, memory_id, content_sha256,"
             " created_at) SELECT 'ada', 'user', 'key-' || CAST(seq AS TEXT), 'id', 'digest', 0"
             " FROM memories WHERE owner = 'ada'"
@@ -64,7 +63,7 @@ def left_of_ada(store: Store) -> tuple[int, int, int]:
     """Ada's entries, vectors and idempotency keys still stored."""
     db = store.tables.db
     with db.connection_context():
-        return tuple(  # type: ignore[return-value]
+        return tuple(
             db.execute_sql(sql).fetchone()[0]
             for sql in (
                 "SELECT COUNT(*) FROM memories WHERE owner = 'ada'",
@@ -132,13 +131,16 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
         with kill_point(db, when) as due:
             caller = threading.Thread(target=call)
             caller.start()
-            deadline = time.monotonic() + 30
-            while not due():
+
+            def started() -> bool:
+                if due():
+                    return True
                 assert not outcome, "the call ended before its transaction was seen"
-                assert time.monotonic() < deadline, "the erasure never started"
-                # A pause far shorter than the erasure: a busy loop would take
-                # a core from the daemon it waits for.
-                time.sleep(0.002)
+                return False
+
+            # A pause far shorter than the erasure: a busy loop would take a
+            # core from the daemon it waits for.
+            eventually(started, "the erasure starts", within=30, pause=0.002)
             daemon.process.send_signal(signal.SIGKILL)
         caller.join(30)
         channel.close()

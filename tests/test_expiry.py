@@ -32,7 +32,15 @@ from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
 from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires, NewEntry, TierPolicy
-from tests.conftest import MakeSidecar, Running, WallClock, error_info, refused
+from tests.conftest import (
+    MakeSidecar,
+    Running,
+    WallClock,
+    contents,
+    error_info,
+    eventually,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -78,10 +86,6 @@ def row_count(running: Running) -> int:
         return int(db.execute_sql("SELECT COUNT(*) FROM memories").fetchone()[0])
 
 
-def contents(response: pb.GetMemoriesResponse) -> list[str]:
-    return [m.content for m in response.memories]
-
-
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
 def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
     clock: WallClock, make_sidecar: MakeSidecar, refresh: str
@@ -123,11 +127,10 @@ def test_a_daemon_on_the_real_clock_expires_by_it(make_sidecar: MakeSidecar) -> 
     # The one test that waits: every other one moves an injected clock.
     sidecar = make_sidecar(clock=None, **NO_SWEEP)
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
-    assert contents(sidecar.list(scope=SCOPE)) == ["The staging cluster is down today"]
+    assert contents(sidecar, SCOPE) == ["The staging cluster is down today"]
     expires = brief.memory.expires_at.ToDatetime(tzinfo=UTC)
-    while datetime.now(UTC) <= expires:
-        time.sleep(0.05)
-    assert contents(sidecar.list(scope=SCOPE)) == []
+    eventually(lambda: datetime.now(UTC) > expires, "the entry's expiry passes", pause=0.05)
+    assert contents(sidecar, SCOPE) == []
 
 
 def test_search_and_lists_leave_expired_entries_out_unless_asked(
@@ -145,18 +148,19 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
         wait_past(clock, added)
 
     listed = sidecar.list(scope=SCOPE)
-    assert contents(listed) == [f"deploy note {i} stays" for i in range(3)]
+    stays = [m.content for m in listed.memories]
+    assert stays == [f"deploy note {i} stays" for i in range(3)]
     assert {u.tier: u.entry_count for u in listed.usage}[pb.TIER_MEMORY] == 3
     # Paging walks the same three, one at a time.
     paged: list[str] = []
     token = ""
     while True:
         page = sidecar.list(scope=SCOPE, page_size=1, page_token=token)
-        paged.extend(contents(page))
+        paged.extend(m.content for m in page.memories)
         token = page.next_page_token
         if not token:
             break
-    assert paged == contents(listed)
+    assert paged == stays
 
     everything = sidecar.list(scope=SCOPE, include_expired=True)
     assert len(everything.memories) == 6
@@ -167,7 +171,7 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
     found = sidecar.stub.SearchMemories(
         pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note"), timeout=10
     )
-    assert sorted(r.memory.content for r in found.hits) == sorted(contents(listed))
+    assert sorted(r.memory.content for r in found.hits) == sorted(stays)
     # The model's own tools read the same way.
     tool = sidecar.stub.CallTool(
         pb.CallToolRequest(scope=SCOPE, name="memory_search", arguments_json='{"query":"deploy"}'),
@@ -182,7 +186,7 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
         for r in sidecar.stub.ExportMemories(pb.ExportMemoriesRequest(scope=SCOPE), timeout=10)
     )
     lines = enumerate(exported.splitlines(), start=1)
-    assert [archive.parse_line(n, line)[1].content for n, line in lines] == contents(listed)
+    assert [archive.parse_line(n, line)[1].content for n, line in lines] == stays
 
 
 @pytest.mark.parametrize("write", ["update", "delete"])
@@ -350,17 +354,14 @@ def test_the_sweep_removes_expired_rows_in_batches(
     mine = {a.memory.id for a in brief}
     assert len({g for g, m in expired if m in mine}) == 3
     assert sidecar.sidecar.engine.sweep_expired() == 0
-    assert contents(sidecar.list(scope=SCOPE, include_expired=True)) == ["note kept"]
+    assert contents(sidecar, SCOPE, include_expired=True) == ["note kept"]
 
 
 def test_the_background_sweep_runs(clock: WallClock, make_sidecar: MakeSidecar) -> None:
     sidecar = make_sidecar(expiry_sweep_seconds=0.1)
     brief = sidecar.add("note", scope=SCOPE, ttl_seconds=1)
     wait_past(clock, brief)
-    deadline = time.monotonic() + 10
-    while row_count(sidecar) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert row_count(sidecar) == 0
+    eventually(lambda: row_count(sidecar) == 0, "the sweep removes the row", pause=0.05)
 
 
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
@@ -416,10 +417,7 @@ def test_another_replica_drops_an_expired_entry_without_any_write(
     def shows(text: str) -> Callable[[], bool]:
         return lambda: text in b.turn("s", scope=SCOPE).system_block
 
-    deadline = time.monotonic() + 10
-    while not shows("uses uv")():
-        assert time.monotonic() < deadline, "B never heard A's writes"
-        time.sleep(0.02)
+    eventually(shows("uses uv"), "B hears A's writes", pause=0.02)
     assert shows("staging cluster")()
     assert b.turn("s", scope=SCOPE).cache_hit
     queries = b.db_queries()
@@ -568,7 +566,7 @@ def test_a_write_removes_at_most_a_batch_of_expired_entries(
     assert (added.usage.used_chars, added.usage.entry_count) == (200, 1)
     assert len(events(sidecar, "expire")) == 3
     assert row_count(sidecar) == 8
-    assert contents(sidecar.list(scope=SCOPE)) == ["n" * 200]
+    assert contents(sidecar, SCOPE) == ["n" * 200]
     # A leftover expired entry is no twin of new content: it is stored anew.
     again = sidecar.add("expiring note number 09 here", scope=SCOPE)
     assert again.created

@@ -75,7 +75,7 @@ def test_a_full_disk_is_storage_full_and_loses_nothing(
             error = failed
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert error_info(error).reason == "STORAGE_FULL"
-    assert "full" in error.details()
+    assert "full" in (error.details() or "")
     assert acknowledged > 10
     # Reads still work, and every acknowledged write is there.
     listed = running.list(scope=SCOPE, tier=pb.TIER_MEMORY)

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, contents, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -29,16 +29,18 @@ WAIT_SECONDS = 30.0
 
 def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:
     fields.setdefault("scope", SCOPE)
-    return running.stub.UpdateMemory(pb.UpdateMemoryRequest(**fields), timeout=10)
+    response: pb.UpdateMemoryResponse = running.stub.UpdateMemory(
+        pb.UpdateMemoryRequest(**fields), timeout=10
+    )
+    return response
 
 
 def delete(running: Running, **fields: Any) -> pb.DeleteMemoryResponse:
     fields.setdefault("scope", SCOPE)
-    return running.stub.DeleteMemory(pb.DeleteMemoryRequest(**fields), timeout=10)
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE, **fields: Any) -> list[str]:
-    return [m.content for m in running.list(scope=scope, **fields).memories]
+    response: pb.DeleteMemoryResponse = running.stub.DeleteMemory(
+        pb.DeleteMemoryRequest(**fields), timeout=10
+    )
+    return response
 
 
 @contextlib.contextmanager
@@ -69,7 +71,7 @@ def test_update_by_match_changes_the_one_entry_holding_the_text(sidecar: Running
     assert response.usage.tier == pb.TIER_MEMORY
     assert response.usage.entry_count == 2
     assert response.usage.used_chars == len(uv.content) + 3 + len("CI runs on Alpine")
-    assert contents(sidecar) == ["The repo uses uv, not pip", "CI runs on Alpine"]
+    assert contents(sidecar, SCOPE) == ["The repo uses uv, not pip", "CI runs on Alpine"]
 
 
 def test_update_by_match_changes_only_the_fields_given(sidecar: Running) -> None:
@@ -89,7 +91,7 @@ def test_delete_by_match_removes_the_entry_and_frees_its_budget(sidecar: Running
     assert response.memory == gone
     assert response.usage.entry_count == 1
     assert response.usage.used_chars == len("keep me")
-    assert contents(sidecar) == ["keep me"]
+    assert contents(sidecar, SCOPE) == ["keep me"]
     # Once gone, the same text names nothing.
     again = refused(delete, sidecar, match="hunter2")
     assert again.code() == grpc.StatusCode.NOT_FOUND
@@ -102,13 +104,13 @@ def test_the_match_is_looked_up_in_the_named_tier_only(sidecar: Running) -> None
 
     # TIER_UNSPECIFIED looks in the agent notes.
     assert update(sidecar, match="tabs", content="Ada prefers spaces").memory.id == note.id
-    assert contents(sidecar, tier=pb.TIER_USER) == ["Ada prefers tabs"]
+    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == ["Ada prefers tabs"]
 
     response = delete(sidecar, match="tabs", tier=pb.TIER_USER)
     assert response.memory.id == fact.id
     assert response.usage.tier == pb.TIER_USER
-    assert contents(sidecar, tier=pb.TIER_USER) == []
-    assert contents(sidecar, tier=pb.TIER_MEMORY) == ["Ada prefers spaces"]
+    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == []
+    assert contents(sidecar, SCOPE, tier=pb.TIER_MEMORY) == ["Ada prefers spaces"]
 
     with unchanged(sidecar):
         missing = refused(delete, sidecar, match="spaces", tier=pb.TIER_USER)
@@ -150,19 +152,20 @@ def test_no_match_is_not_found_and_changes_nothing(sidecar: Running) -> None:
     sidecar.add("The repo uses uv", scope=SCOPE)
     sidecar.add("Ada likes short answers", scope=SCOPE, tier=pb.TIER_USER)
 
-    for call, fields in [
+    cases: list[tuple[Callable[..., Any], dict[str, Any]]] = [
         (update, {"match": "poetry", "content": "The repo uses poetry"}),
         (delete, {"match": "poetry"}),
         # An empty partition: nothing was ever written there for this agent.
         (delete, {"match": "uv", "scope": pb.Scope(agent_id="fresh", user_id="ada")}),
-    ]:
+    ]
+    for call, fields in cases:
         with unchanged(sidecar):
             error = refused(call, sidecar, **fields)
         assert error.code() == grpc.StatusCode.NOT_FOUND
         info = error_info(error)
         assert info.reason == "MATCH_NOT_FOUND"
         assert dict(info.metadata) == {"field": "match", "tier": "memory"}
-        assert "poetry" in error.details() or "'uv'" in error.details()
+        assert "poetry" in (error.details() or "") or "'uv'" in (error.details() or "")
 
 
 def test_several_matches_are_refused_naming_the_candidates(sidecar: Running) -> None:
@@ -182,9 +185,9 @@ def test_several_matches_are_refused_naming_the_candidates(sidecar: Running) -> 
         assert info.metadata["candidate_ids"] == f"{first.id},{second.id}"
         assert info.metadata["candidate_1"] == f"{first.id} {first.content}"
         assert info.metadata["candidate_2"] == f"{second.id} {second.content}"
-        assert first.id in error.details()
-        assert second.id in error.details()
-        assert "'Deploy' occurs in 2 entries" in error.details()
+        assert first.id in (error.details() or "")
+        assert second.id in (error.details() or "")
+        assert "'Deploy' occurs in 2 entries" in (error.details() or "")
 
     # More text names one of them.
     assert delete(sidecar, match="Deploy production").memory.id == second.id
@@ -204,9 +207,9 @@ def test_many_matches_name_the_first_five_and_say_there_are_more(sidecar: Runnin
     assert info.metadata["more"] == "true"
     assert info.metadata["candidate_ids"].split(",") == [m.id for m in notes[:5]]
     assert "candidate_6" not in info.metadata
-    assert "more than 5 entries" in error.details()
-    assert "and more" in error.details()
-    assert long.id not in error.details()
+    assert "more than 5 entries" in (error.details() or "")
+    assert "and more" in (error.details() or "")
+    assert long.id not in (error.details() or "")
 
     # A candidate's content is quoted by its start only.
     sidecar.add("Port list: short", scope=SCOPE)
@@ -235,7 +238,7 @@ def test_matching_is_case_sensitive_and_literal(sidecar: Running) -> None:
     assert update(sidecar, match="HTTPS", content="Use HTTPS only").memory.content == (
         "Use HTTPS only"
     )
-    assert contents(sidecar) == [
+    assert contents(sidecar, SCOPE) == [
         "Use HTTPS only",
         "Coverage must stay above 90 on dev",
         "Env var MAXARETRIES is a typo",
@@ -247,14 +250,14 @@ def test_a_match_may_span_lines_and_hold_any_character(sidecar: Running) -> None
     sidecar.add("Café «naïve» résumé 😀", scope=SCOPE)
     assert delete(sidecar, match="build\n2.").memory.content == "Steps:\n1. build\n2. ship"
     assert delete(sidecar, match="«naïve» résumé 😀").memory.content == "Café «naïve» résumé 😀"
-    assert contents(sidecar) == []
+    assert contents(sidecar, SCOPE) == []
 
 
 @pytest.mark.parametrize("call", [update, delete], ids=["update", "delete"])
 def test_id_and_match_exactly_one_of_them(sidecar: Running, call: Callable[..., Any]) -> None:
     memory = sidecar.add("The repo uses uv", scope=SCOPE).memory
     extra = {"content": "The repo uses pip"} if call is update else {}
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"id": memory.id, "match": "uv"}, "ID_AND_MATCH"),
         ({}, "ID_EMPTY"),
         ({"match": "   "}, "MATCH_EMPTY"),
@@ -268,9 +271,9 @@ def test_id_and_match_exactly_one_of_them(sidecar: Running, call: Callable[..., 
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, reason
         assert error_info(error).reason == reason
     both = refused(call, sidecar, id=memory.id, match="uv", **extra)
-    assert "both id and match" in both.details()
+    assert "both id and match" in (both.details() or "")
     neither = refused(call, sidecar, **extra)
-    assert "id and match are both empty" in neither.details()
+    assert "id and match are both empty" in (neither.details() or "")
 
 
 def test_the_match_may_be_as_long_as_content(make_sidecar: MakeSidecar) -> None:
@@ -282,7 +285,7 @@ def test_the_match_may_be_as_long_as_content(make_sidecar: MakeSidecar) -> None:
     # trailer, which must stay small.
     error = refused(delete, running, match="y" * 8192)
     assert error_info(error).reason == "MATCH_NOT_FOUND"
-    assert len(error.details()) < 200
+    assert len(error.details() or "") < 200
 
 
 def test_a_refused_update_by_match_leaves_the_store_unchanged(make_sidecar: MakeSidecar) -> None:
@@ -399,7 +402,7 @@ def test_racing_edits_by_the_same_text_act_once(make_sidecar: MakeSidecar) -> No
             else:
                 update(target, match=text, content=f"ticket {round_} closed by writer {n}")
         except grpc.RpcError as error:
-            return error_info(error).reason
+            return str(error_info(error).reason)
         return f"OK {n}"
 
     for round_ in range(6):
@@ -410,7 +413,7 @@ def test_racing_edits_by_the_same_text_act_once(make_sidecar: MakeSidecar) -> No
         won = [o for o in outcomes if o.startswith("OK")]
         assert len(won) == 1, outcomes
         assert sorted(set(outcomes) - set(won)) == ["MATCH_NOT_FOUND"], outcomes
-        left = [c for c in contents(a) if c.startswith(f"ticket {round_} ")]
+        left = [c for c in contents(a, SCOPE) if c.startswith(f"ticket {round_} ")]
         if round_ % 2:
             assert left == []
         else:
@@ -496,4 +499,4 @@ def test_an_edit_waiting_on_another_acts_on_what_that_one_left(
     assert isinstance(error, grpc.RpcError)
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(error).reason == "MATCH_NOT_FOUND"
-    assert contents(a) == contents(b) == ["ticket 7 closed by A"]
+    assert contents(a, SCOPE) == contents(b, SCOPE) == ["ticket 7 closed by A"]

@@ -6,7 +6,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, require_tool
+from tests.conftest import MakeSidecar, eventually, require_tool
 
 HIT_RATIO = 'sum(memory_snapshot_lookups_total{result="hit"}) / sum(memory_snapshot_lookups_total)'
 
@@ -68,18 +67,21 @@ def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Pa
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
+
+    def its_log() -> str:
+        return (tmp_path / "prometheus.log").read_text()
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=1):
+                return True
+        except OSError:
+            pass
+        assert process.poll() is None, "Prometheus exited:\n" + its_log()
+        return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError(
-                        "Prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()
-                    ) from None
-                time.sleep(0.2)
+        eventually(ready, lambda: "Prometheus is ready:\n" + its_log(), within=30, pause=0.2)
         yield base, targets
     finally:
         process.terminate()
@@ -100,15 +102,15 @@ def test_prometheus_reads_the_hit_ratio(
         for _ in range(4):
             running.turn(session, "uv", scope=scope)
 
-    deadline = time.monotonic() + 45
-    ratio = None
-    while time.monotonic() < deadline:
+    def scraped() -> list[dict[str, object]] | None:
+        """The hit ratio, once Prometheus has scraped all 12 lookups."""
         result = query(base, HIT_RATIO)
         lookups = query(base, "sum(memory_snapshot_lookups_total)")
         if result and lookups and float(lookups[0]["value"][1]) == 12:  # type: ignore[index]
-            ratio = float(result[0]["value"][1])  # type: ignore[index]
-            break
-        time.sleep(0.5)
-    assert ratio == pytest.approx(0.75)
+            return result
+        return None
+
+    ratio = eventually(scraped, "Prometheus scrapes all 12 lookups", within=45, pause=0.5)
+    assert float(ratio[0]["value"][1]) == pytest.approx(0.75)  # type: ignore[index]
     up = query(base, 'up{job="memory-sidecar"}')
     assert [float(r["value"][1]) for r in up] == [1.0]  # type: ignore[index]

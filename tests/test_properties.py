@@ -26,6 +26,8 @@ ACCEPTABLE = {
     # UpdateMemory to another entry's content (DUPLICATE_CONTENT).
     grpc.StatusCode.ALREADY_EXISTS,
 }
+# Enum fields too get any int32, as a client may send: the stubs allow only
+# the named values, hence the arg-type ignores where one is set.
 INT32 = st.integers(-(2**31), 2**31 - 1)
 
 # Text that hurts: controls (NUL, ESC, DEL), bidi overrides, zero-width and tag
@@ -124,7 +126,7 @@ def test_add_memory(
 ) -> None:
     request = pb.AddMemoryRequest(
         scope=scope_of(agent, user),
-        tier=tier,
+        tier=tier,  # type: ignore[arg-type]
         content=content,
         category=category,
         idempotency_key=key,
@@ -182,14 +184,19 @@ def test_reads(
     attempt(
         server,
         "GetMemories",
-        pb.GetMemoriesRequest(scope=scope, tier=tier, category=category),
+        pb.GetMemoriesRequest(scope=scope, tier=tier, category=category),  # type: ignore[arg-type]
         scope,
     )
     attempt(
         server,
         "SearchMemories",
         pb.SearchMemoriesRequest(
-            scope=scope, query=query, tier=tier, category=category, limit=limit, match_all=match_all
+            scope=scope,
+            query=query,
+            tier=tier,  # type: ignore[arg-type]
+            category=category,
+            limit=limit,
+            match_all=match_all,
         ),
         scope,
     )
@@ -227,7 +234,7 @@ def test_turns(
             user_message=message,
             recent_messages=recent,
             keywords=keywords,
-            strategy=strategy,
+            strategy=strategy,  # type: ignore[arg-type]
             max_memories=max_memories,
             max_tokens=max_tokens,
         ),

@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
@@ -32,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar.api.access import parse_tokens
 from sidecar.config import settings
 from sidecar.ops import cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, eventually
 from tests.ops.test_cagent import make_cagent_db
 
 README = ROOT / "README.md"
@@ -173,8 +172,8 @@ def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str])
     `memory-sidecar health` says so as a reader would run it. Polled from
     here: a command per poll cost 0.4 s of CPU each while the daemon starts."""
     request = health_pb2.HealthCheckRequest()
-    deadline = time.monotonic() + 60
-    while True:
+
+    def serving() -> bool:
         assert process.poll() is None, "the daemon exited"
         # A channel per poll, as each command had: one channel would back
         # off for longer and longer after each refused connection.
@@ -183,11 +182,9 @@ def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str])
                 status = health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
             except grpc.RpcError:
                 status = health_pb2.HealthCheckResponse.UNKNOWN
-        if status == health_pb2.HealthCheckResponse.SERVING:
-            break
-        if time.monotonic() > deadline:
-            pytest.fail("the daemon never reported SERVING")
-        time.sleep(0.2)
+        return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+    eventually(serving, "the daemon reports SERVING", within=60, pause=0.2)
     health = subprocess.run(
         ["memory-sidecar", "health", "--timeout", "10"],
         cwd=cwd,

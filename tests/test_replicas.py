@@ -21,7 +21,6 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import SEPARATOR
-from sidecar.ops import admin
 from tests.conftest import MakeSidecar, Running, eventually, refused, run_sidecar, spawn_daemon
 
 pytestmark = pytest.mark.contract
@@ -164,7 +163,6 @@ def test_import_into_a_live_database_reaches_the_daemon(
 
     other = pb.Scope(agent_id="coder")
     dump = tmp_path / "dump.jsonl"
-    line = admin.export_line
     source = make_sidecar(name="source.db")
     source.add("Deploys go through ArgoCD", scope=other)
     from sidecar.storage import archive
@@ -172,7 +170,9 @@ def test_import_into_a_live_database_reaches_the_daemon(
 
     store = Store(source.db)
     store.open()
-    dump.write_text("".join(line(owner, memory) + "\n" for owner, memory in archive.dump(store)))
+    dump.write_text(
+        "".join(archive.export_line(owner, memory) + "\n" for owner, memory in archive.dump(store))
+    )
     store.close()
 
     result = run_sidecar("import", str(dump), "--db", running.db)

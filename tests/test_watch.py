@@ -12,7 +12,6 @@ import contextlib
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +26,7 @@ from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
 from sidecar.storage.writes import TierPolicy
-from tests.conftest import MakeSidecar, Running, error_info, refused, spawn_daemon
+from tests.conftest import MakeSidecar, Running, error_info, eventually, refused, spawn_daemon
 
 pytestmark = pytest.mark.contract
 
@@ -47,9 +46,9 @@ class Watcher:
         after: int = 0,
         *,
         scope: pb.Scope = SCOPE,
-        tier: int = pb.TIER_UNSPECIFIED,
+        tier: pb.Tier = pb.TIER_UNSPECIFIED,
         read: bool = True,
-        after_tier: int = pb.TIER_UNSPECIFIED,
+        after_tier: pb.Tier = pb.TIER_UNSPECIFIED,
         after_id: str = "",
     ) -> None:
         self.call = stub.WatchMemories(
@@ -94,7 +93,7 @@ class Watcher:
 
     def drain(self) -> tuple[list[pb.MemoryEvent], grpc.RpcError]:
         """The events still to come, and the status the stream ends with."""
-        events = []
+        events: list[pb.MemoryEvent] = []
         while True:
             item = self.queue.get(timeout=WAIT_SECONDS)
             if isinstance(item, grpc.RpcError):
@@ -291,7 +290,7 @@ def test_a_resume_from_before_the_horizon_is_refused(
     assert info.reason == "WATCH_GENERATION_PRUNED"
     horizon = int(info.metadata["oldest_resumable_generation"])
     assert horizon > synced_at
-    assert "export" in error.details().lower()
+    assert "export" in (error.details() or "").lower()
     # From the horizon on, the stream goes on as usual.
     later = running.add("logged after the pruning", scope=SCOPE).memory
     event = watchers(running.stub, horizon).next()
@@ -353,10 +352,11 @@ def test_watches_beyond_the_cap_are_refused_and_a_cancelled_one_frees_its_slot(
     registry = running.sidecar.metrics.registry
     assert registry.get_sample_value("memory_watches_open") == 1
     first.close()
-    deadline = time.monotonic() + WAIT_SECONDS
-    while registry.get_sample_value("memory_watches_open"):
-        assert time.monotonic() < deadline, "the cancelled watch never let go of its slot"
-        time.sleep(0.01)
+    eventually(
+        lambda: not registry.get_sample_value("memory_watches_open"),
+        "the cancelled watch lets go of its slot",
+        within=WAIT_SECONDS,
+    )
     synced(watchers, running.stub)
 
 
@@ -520,10 +520,12 @@ def test_a_vanished_clients_watch_ends_and_frees_its_slot(
         assert registry.get_sample_value("memory_watches_open") == 1
         proxy.frozen.set()
         # A liveness bound: the watch ends on its own, its slot free.
-        deadline = time.monotonic() + WAIT_SECONDS
-        while registry.get_sample_value("memory_watches_open"):
-            assert time.monotonic() < deadline, "the vanished client's watch never ended"
-            time.sleep(0.05)
+        eventually(
+            lambda: not registry.get_sample_value("memory_watches_open"),
+            "the vanished client's watch ends",
+            within=WAIT_SECONDS,
+            pause=0.05,
+        )
     finally:
         channel.close()
         proxy.close()

@@ -328,8 +328,11 @@ class TokensFile(Reloading[Digests]):
     meanwhile); an entry whose token file is gone, empty or shared with
     another entry is refused alone.
 
-    >>> tokens = TokensFile("/etc/memory-sidecar/tokens.yaml")
-    >>> tokens.grant(b"token-of-agent-a")   # Grant(agents={'agent-a'}, ...) or None
+    >>> tokens = TokensFile("tokens.yaml")
+    >>> tokens.grant(b"token-of-agent-a")
+    Grant(agents=frozenset({'agent-a'}), users=None, erase=False, name='agent-a.token')
+    >>> tokens.grant(b"no one's token") is None
+    True
     """
 
     what = "auth tokens file"

@@ -263,7 +263,7 @@ class Tools:
 
     >>> tools = Tools(engine, config.server.limits())
     >>> tools.call(Scope("coder"), "s1", "memory", {"action": "add", "content": "uses uv"}).text
-    'Saved to agent notes (target=memory) [1% — 7/2,200 chars]: uses uv'
+    'Saved to agent notes (target=memory) [0% — 7/2,200 chars]: uses uv'
     """
 
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:

@@ -28,13 +28,7 @@ from typing import Any, NamedTuple
 from peewee import fn
 
 from sidecar.core.clock import Clock, system_clock, to_micros
-from sidecar.core.errors import (
-    AlreadyExists,
-    DataLoss,
-    FailedPrecondition,
-    InvalidArgument,
-    Reason,
-)
+from sidecar.core.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, Reason
 from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, Usage
 from sidecar.storage import _sqlite, schema
 from sidecar.storage._backend import (
@@ -114,8 +108,10 @@ class Store:
     `db` is a file path, or a postgresql:// DSN (the password, if any, is
     given apart so that it never appears where the DSN is shown).
 
-    >>> store = Store("memory.db"); store.open()
+    >>> store = Store("memory.db"); store.open() == schema.SCHEMA_VERSION  # brought up to date
+    True
     >>> written = store.add(NewEntry(Scope("agent"), Tier.MEMORY, "uses uv"), TierPolicy(2200))
+    >>> store.close()
     """
 
     def __init__(

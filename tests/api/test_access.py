@@ -70,6 +70,7 @@ def test_every_api_call_needs_the_token(make_sidecar: MakeSidecar, token_file: P
 
     # Health answers without a token, on both listeners.
     for address in (running.addresses.api, running.addresses.health):
+        assert address is not None
         with grpc.insecure_channel(address) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=5

@@ -20,11 +20,12 @@ import httpx2
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent, TextResourceContents
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access import pki  # noqa: F401 (a fixture)
 from tests.api.test_access_tokens import ADA, ADMIN, AGENT_A, tokens_file  # noqa: F401
-from tests.conftest import MakeSidecar, Running, run_sidecar, spawn_daemon
+from tests.conftest import MakeSidecar, Running, contents, run_sidecar, spawn_daemon
 
 T = TypeVar("T")
 MODES = ("legacy", "auto")
@@ -44,6 +45,12 @@ ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "appl
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(body())  # type: ignore[arg-type]
+
+
+def text_of(content: object) -> str:
+    """The text of a resource's or a message's content (these serve text only)."""
+    assert isinstance(content, TextResourceContents | TextContent), content
+    return content.text
 
 
 def bound(
@@ -88,12 +95,6 @@ def mcp_sidecar(make_sidecar: MakeSidecar, yaml_text: str = "", **server: Any) -
 def url(running: Running) -> str:
     assert running.addresses.mcp is not None
     return running.addresses.mcp
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE, token: str = "") -> list[str]:
-    metadata = [("authorization", f"Bearer {token}")] if token else None
-    listed = running.stub.GetMemories(pb.GetMemoriesRequest(scope=scope), metadata=metadata)
-    return sorted(m.content for m in listed.memories)
 
 
 def tool_calls(running: Running, tool: str, outcome: str) -> float:
@@ -162,7 +163,7 @@ def test_add_replace_remove_search_and_list(make_sidecar: MakeSidecar, mode: str
     assert removed.structured_content["memory"]["content"] == "Ada likes tea"
     assert [m["content"] for m in listed.structured_content["memories"]] == ["Deploys use uv 0.5"]
     # The daemon's store saw exactly that, in the scope the headers named.
-    assert contents(running) == ["Deploys use uv 0.5"]
+    assert contents(running, SCOPE) == ["Deploys use uv 0.5"]
     assert tool_calls(running, "memory", "ok") == 4
 
 
@@ -186,7 +187,7 @@ def test_a_full_tier_is_a_tool_error_listing_its_entries(make_sidecar: MakeSidec
     assert f"1. (28 chars) {first}" in text
     assert f"2. (25 chars) {second}" in text
     assert full.structured_content["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
-    assert contents(running) == sorted([first, second])
+    assert sorted(contents(running, SCOPE)) == sorted([first, second])
     assert tool_calls(running, "memory", "error") == 1
 
 
@@ -217,7 +218,10 @@ def test_old_text_that_matches_no_entry_or_several_is_a_tool_error(
     assert "'Production deploys on Friday'" in ambiguous.content[0].text
     assert no_old_text.is_error
     assert "`old_text` is required" in no_old_text.content[0].text
-    assert contents(running) == ["Production deploys on Friday", "Staging deploys at noon"]
+    assert sorted(contents(running, SCOPE)) == [
+        "Production deploys on Friday",
+        "Staging deploys at noon",
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -246,7 +250,7 @@ def test_an_argument_naming_another_scope_is_refused_and_changes_nothing(
         assert "set by the connection, not by arguments" in result.content[0].text
         assert result.structured_content["error"]["reason"] == "ARGUMENTS_INVALID"
     assert contents(running, other) == ["Other's note"]
-    assert contents(running) == []
+    assert contents(running, SCOPE) == []
 
 
 def test_an_unknown_tool_is_an_mcp_error(make_sidecar: MakeSidecar) -> None:
@@ -284,7 +288,7 @@ def test_writes_through_mcp_refresh_the_frozen_block_as_grpc_writes_do(
 
     async def read(client: Client) -> str:
         resource = await client.read_resource("memory://frozen-block")
-        return str(resource.contents[0].text)
+        return text_of(resource.contents[0])
 
     async def body() -> tuple[str, str]:
         async with connect(url(running), session="s1") as client:
@@ -311,7 +315,7 @@ def test_under_on_compaction_the_block_waits_for_notify_compaction(
         async with connect(url(running), session="s1") as client:
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
             resource = await client.read_resource("memory://frozen-block")
-            return str(resource.contents[0].text)
+            return text_of(resource.contents[0])
 
     assert run(body) == before.system_block
     assert running.turn("s1", scope=SCOPE).system_block == before.system_block
@@ -326,7 +330,7 @@ def test_an_mcp_session_is_the_runtime_session(make_sidecar: MakeSidecar) -> Non
     running.add("The API is gRPC", scope=SCOPE)
 
     async def read(client: Client) -> str:
-        return str((await client.read_resource("memory://frozen-block")).contents[0].text)
+        return text_of((await client.read_resource("memory://frozen-block")).contents[0])
 
     async def body() -> tuple[str, str, str]:
         async with connect(url(running), "legacy") as client:
@@ -372,10 +376,10 @@ def test_the_prompt_is_the_turn_block_of_the_session(make_sidecar: MakeSidecar) 
 def test_unknown_resources_and_prompts_are_mcp_errors(make_sidecar: MakeSidecar) -> None:
     running = mcp_sidecar(make_sidecar)
 
-    async def body() -> tuple[Any, MCPError, MCPError, MCPError]:
+    async def body() -> tuple[Any, list[MCPError]]:
         async with connect(url(running)) as client:
             listed = (await client.list_resources()).resources
-            errors = []
+            errors: list[MCPError] = []
             for attempt in (
                 client.read_resource("memory://other-agent"),
                 client.get_prompt("another", {}),
@@ -384,9 +388,9 @@ def test_unknown_resources_and_prompts_are_mcp_errors(make_sidecar: MakeSidecar)
                 with pytest.raises(MCPError) as raised:
                     await attempt
                 errors.append(raised.value)
-            return listed, *errors
+            return listed, errors
 
-    listed, resource, prompt, argument = run(body)
+    listed, (resource, prompt, argument) = run(body)
     assert [(r.uri, r.mime_type) for r in listed] == [("memory://frozen-block", "text/plain")]
     assert (resource.code, prompt.code, argument.code) == (-32602, -32602, -32602)
     assert "memory://frozen-block" in resource.message
@@ -443,9 +447,9 @@ def test_a_restricted_token_cannot_widen_its_scope_by_headers(
     for token, agent, user in ((AGENT_A, "coder", "ada"), (ADA, "coder", "bob"), (ADA, "x", "ada")):
         forbidden = post(url(running), bound(agent, user, token=token))
         assert forbidden.status_code == 403, (token, agent, user)
-        error = refusal(forbidden)
-        assert error["data"]["reason"] == "SCOPE_FORBIDDEN"
-        assert "X-Memory-Agent-Id".lower() in error["message"].lower()
+        answer = refusal(forbidden)
+        assert answer["data"]["reason"] == "SCOPE_FORBIDDEN"
+        assert "X-Memory-Agent-Id".lower() in answer["message"].lower()
 
     async def forbidden_client() -> None:
         async with connect(url(running), mode, agent="coder", token=AGENT_A):
@@ -464,8 +468,8 @@ def test_a_restricted_token_cannot_widen_its_scope_by_headers(
 
     assert not run(allowed).is_error
     own = pb.Scope(agent_id="agent-a", user_id="ada")
-    assert contents(running, own, ADMIN) == ["Agent A's note"]
-    assert contents(running, SCOPE, ADMIN) == []
+    assert contents(running, own, token=ADMIN) == ["Agent A's note"]
+    assert contents(running, SCOPE, token=ADMIN) == []
 
 
 def test_an_mcp_session_stays_with_its_token_and_scope(
@@ -491,10 +495,12 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     long = post(url(running), bound("a" * 300))
     assert long.status_code == 400
     assert refusal(long)["data"]["reason"] == "FIELD_TOO_LONG"
+    # Bytes throughout: the headers below are not ASCII text.
+    accept = [(name.encode(), value.encode()) for name, value in ACCEPT.items()]
     with httpx2.Client(timeout=30) as http:
         latin = http.post(
             url(running),
-            headers=[*ACCEPT.items(), ("X-Memory-Agent-Id", b"\xff\xfe")],
+            headers=[*accept, (b"X-Memory-Agent-Id", b"\xff\xfe")],
             json=INITIALIZE,
         )
     assert latin.status_code == 400
@@ -503,7 +509,7 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     with httpx2.Client(timeout=30) as http:
         fine = http.post(
             url(running),
-            headers=[*ACCEPT.items(), ("X-Memory-Agent-Id", "café".encode())],
+            headers=[*accept, (b"X-Memory-Agent-Id", "café".encode())],
             json=INITIALIZE,
         )
     assert fine.status_code == 200

@@ -6,6 +6,7 @@ import base64
 import json
 import random
 import string
+from typing import Any
 
 import grpc
 import pytest
@@ -79,11 +80,11 @@ def test_page_tokens_are_bound_to_their_request(make_sidecar: MakeSidecar) -> No
     token = first.next_page_token
     assert token
 
-    def refused(**fields: object) -> str:
+    def refused(**fields: Any) -> str:
         with pytest.raises(grpc.RpcError) as caught:
             running.list(**fields)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        return error_info(caught.value).reason
+        return str(error_info(caught.value).reason)
 
     assert refused(scope=SCOPE, page_token=token, tier=pb.TIER_USER) == "PAGE_TOKEN_MISMATCH"
     other = pb.Scope(agent_id="writer", user_id="ada")
@@ -92,6 +93,7 @@ def test_page_tokens_are_bound_to_their_request(make_sidecar: MakeSidecar) -> No
     # Forged tokens (a position past 64 bits, a boolean, deep nesting, a
     # very long one) are refused as invalid, not failed on.
     bound_to = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))[2]
+    forged: list[Any]
     for forged in ([1, "list", bound_to, 2**70], [1, "list", bound_to, True], [[[[[]]]]] * 4):
         raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode()
         assert refused(scope=SCOPE, page_token=raw) == "PAGE_TOKEN_INVALID"
@@ -152,7 +154,7 @@ def test_an_injection_too_large_to_send_is_refused_with_a_reason(
     info = error_info(caught.value)
     assert info.reason == "RESPONSE_TOO_LARGE"
     assert int(info.metadata["size"]) > SMALL == int(info.metadata["max"])
-    assert "max_response_bytes" in caught.value.details()
+    assert "max_response_bytes" in (caught.value.details() or "")
     # Nothing was lost, and the entries can still be read, a page at a time.
     pages = every_page(running, pb.GetMemoriesRequest(scope=SCOPE))
     assert sum(len(p.memories) for p in pages) == 20
@@ -195,7 +197,7 @@ def test_a_forged_or_unsigned_token_is_refused(make_sidecar: MakeSidecar) -> Non
     with pytest.raises(grpc.RpcError) as caught:
         running.list(scope=SCOPE, page_size=2, page_token=old)
     assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
-    assert "first page" in caught.value.details()
+    assert "first page" in (caught.value.details() or "")
     # Search tokens are signed too.
     request = pb.SearchMemoriesRequest(scope=SCOPE, query="fact", page_size=1)
     request.page_token = running.stub.SearchMemories(request, timeout=10).next_page_token

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +26,7 @@ from sidecar.config import settings
 from sidecar.core.errors import ConfigError
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import write_tokens
-from tests.conftest import MakeSidecar, Running, run_sidecar
+from tests.conftest import MakeSidecar, Running, eventually, run_sidecar
 
 A, B, C = "token-of-a", "token-of-b", "token-of-c"
 NESTED = "tokens: " + "[" * 3000 + "]" * 3000 + "\n"
@@ -63,15 +63,7 @@ def answer(running: Running, token: str, agent: str) -> grpc.StatusCode:
 def health(running: Running) -> int:
     """The API listener's own health answer, within 5 s."""
     stub = health_pb2_grpc.HealthStub(running.channel)
-    return stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status
-
-
-def until(condition: Callable[[], bool], what: str, seconds: float = 15) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
 
 
 @contextlib.contextmanager
@@ -103,7 +95,7 @@ def test_a_deeply_nested_tokens_file_while_serving_keeps_the_last_good_set(
         assert answer(running, A, "agent-a") == grpc.StatusCode.OK
         return "keeping the last good tokens" in caplog.text
 
-    until(refused_and_answering, "the nested tokens file was never refused")
+    eventually(refused_and_answering, "the nested tokens file is refused", within=15, pause=0.05)
     for _ in range(20):
         assert answer(running, A, "agent-a") == grpc.StatusCode.OK
         time.sleep(0.1)
@@ -113,7 +105,12 @@ def test_a_deeply_nested_tokens_file_while_serving_keeps_the_last_good_set(
     assert "RecursionError" not in caplog.text
     # The token files of the last good set are still followed: deleting one revokes it.
     (secrets / "c.token").unlink()
-    until(lambda: answer(running, C, "agent-c") != grpc.StatusCode.OK, "C was not revoked")
+    eventually(
+        lambda: answer(running, C, "agent-c") != grpc.StatusCode.OK,
+        "C is revoked",
+        within=15,
+        pause=0.05,
+    )
     assert answer(running, C, "agent-c") == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -153,9 +150,11 @@ def test_a_duplicated_token_keeps_revocation_exact(
     assert answer(running, C, "agent-c") == grpc.StatusCode.OK
     (secrets / "a.token").write_text(B)  # a.token now holds B's token
     (secrets / "c.token").unlink()  # and C is revoked
-    until(
+    eventually(
         lambda: answer(running, C, "agent-c") != grpc.StatusCode.OK,
-        "deleting c.token did not revoke C",
+        "deleting c.token revokes C",
+        within=15,
+        pause=0.05,
     )
     assert answer(running, C, "agent-c") == grpc.StatusCode.UNAUTHENTICATED
     # A's old token went with its file's old content.
@@ -165,7 +164,12 @@ def test_a_duplicated_token_keeps_revocation_exact(
     assert "tokens[0] and tokens[1]: the same token; both refused" in caplog.text
     # Fixed: A's new token and B's work again, each with its own grant.
     (secrets / "a.token").write_text("token-of-a2")
-    until(lambda: answer(running, B, "agent-b") == grpc.StatusCode.OK, "B never came back")
+    eventually(
+        lambda: answer(running, B, "agent-b") == grpc.StatusCode.OK,
+        "B comes back",
+        within=15,
+        pause=0.05,
+    )
     assert answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK
     assert answer(running, "token-of-a2", "agent-b") == grpc.StatusCode.PERMISSION_DENIED
 
@@ -188,20 +192,35 @@ def test_a_blocking_file_stalls_no_call(
             assert health(running) == health_pb2.HealthCheckResponse.SERVING
             assert answer(running, B, "agent-b") == grpc.StatusCode.OK
             time.sleep(0.1)
-        until(lambda: "not a regular file" in caplog.text, "the FIFO was never refused")
+        eventually(
+            lambda: "not a regular file" in caplog.text,
+            "the FIFO is refused",
+            within=15,
+            pause=0.05,
+        )
         expected = grpc.StatusCode.UNAUTHENTICATED if blocked == "a.token" else grpc.StatusCode.OK
         assert answer(running, A, "agent-a") == expected
     # A good file again is picked up.
     (secrets / blocked).unlink()
     if blocked == "a.token":
         (secrets / blocked).write_text("token-of-a2")
-        until(lambda: answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK, "no reload")
+        eventually(
+            lambda: answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK,
+            "the good file is reloaded",
+            within=15,
+            pause=0.05,
+        )
     else:
         write_tokens(
             secrets / blocked,
             [{"sha256": hashlib.sha256(A.encode()).hexdigest(), "agents": ["*"], "users": ["*"]}],
         )
-        until(lambda: answer(running, A, "agent-b") == grpc.StatusCode.OK, "no reload")
+        eventually(
+            lambda: answer(running, A, "agent-b") == grpc.StatusCode.OK,
+            "the good file is reloaded",
+            within=15,
+            pause=0.05,
+        )
         assert answer(running, B, "agent-b") == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -225,9 +244,11 @@ def test_a_tokens_files_problems_are_a_metric(make_sidecar: MakeSidecar, secrets
     assert gauge() == 0
     (secrets / "c.token").unlink()
     (secrets / "tokens.yaml").write_text(NESTED)
-    until(lambda: gauge() == 2, "the problems were not counted")
+    eventually(lambda: gauge() == 2, "the problems are counted", within=15, pause=0.05)
     (secrets / "c.token").write_text(C)
-    until(lambda: gauge() == 1, "a fixed token file still counted")
+    eventually(
+        lambda: gauge() == 1, "a fixed token file is no longer counted", within=15, pause=0.05
+    )
 
 
 def test_the_reload_period_is_a_validated_setting() -> None:

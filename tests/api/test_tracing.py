@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -31,7 +30,7 @@ from sidecar.config import settings as config_mod
 from sidecar.core.errors import ConfigError
 from sidecar.core.metrics import Metrics
 from sidecar.ops import daemon
-from tests.conftest import ROOT, Running, refused, sqlite_file
+from tests.conftest import ROOT, Running, eventually, refused, sqlite_file
 
 # What must never reach a span: the memory's text and the scope's ids.
 CONTENT = "Ada's deploy key lives in the blue vault"
@@ -139,14 +138,20 @@ def test_a_call_continues_the_callers_trace_with_a_span_per_statement(
     assert set(names[:begin]) <= {"SELECT"}
     assert names[-1] == "COMMIT"
     assert "INSERT" in names
+    assert rpc.start_time is not None
+    assert rpc.end_time is not None
     for span in statements:
         attributes = dict(span.attributes or {})
         assert span.kind is SpanKind.CLIENT
         assert span.context.trace_id == TRACE_ID
         assert attributes["db.system.name"] == attributes["db.system"] == backend
         assert attributes["db.query.text"] == attributes["db.statement"]
-        assert attributes["db.query.text"].upper().startswith(span.name)
+        text = attributes["db.query.text"]
+        assert isinstance(text, str)
+        assert text.upper().startswith(span.name)
         assert span.status.status_code is StatusCode.UNSET
+        assert span.start_time is not None
+        assert span.end_time is not None
         assert rpc.start_time <= span.start_time <= span.end_time <= rpc.end_time
     (insert,) = [s for s in statements if 'INTO "memories"' in str(s.attributes)]
     assert insert.attributes is not None
@@ -201,11 +206,12 @@ def test_a_cancelled_stream_is_canceled_not_an_error(traced: Traced) -> None:
     assert next(call).event.kind == pb.MemoryEvent.KIND_SYNC
     call.cancel()
     # The span ends once the handler has (a liveness bound).
-    deadline = time.monotonic() + 20
-    while not traced.rpc("WatchMemories"):
-        assert time.monotonic() < deadline, "the cancelled watch's span never ended"
-        time.sleep(0.05)
-    (span,) = traced.rpc("WatchMemories")
+    (span,) = eventually(
+        lambda: traced.rpc("WatchMemories"),
+        "the cancelled watch's span ends",
+        within=20,
+        pause=0.05,
+    )
     assert span.attributes is not None
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
     assert span.status.status_code is StatusCode.UNSET
@@ -334,7 +340,8 @@ def test_spans_reach_an_otlp_endpoint_named_by_the_environment(
 ) -> None:
     collector = _Collector()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    # The generated gRPC module has no annotations.
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -366,6 +373,6 @@ def test_spans_reach_an_otlp_endpoint_named_by_the_environment(
     resource = {a.key: a.value.string_value for a in spans[0][0].attributes}
     assert resource["service.name"] == tracing.SERVICE_NAME
     assert resource["deployment.environment.name"] == "test"
-    for request in collector.requests:
-        assert CONTENT not in str(request)
-        assert SCOPE.agent_id not in str(request)
+    for batch in collector.requests:
+        assert CONTENT not in str(batch)
+        assert SCOPE.agent_id not in str(batch)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import urllib.request
 
 import grpc
@@ -13,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.interceptors import go_code_name
-from tests.conftest import MakeSidecar, Running, refused, require_tool
+from tests.conftest import MakeSidecar, Running, eventually, refused, require_tool
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 SECRET_IDS = ("coder", "ada", "session-secret")
@@ -22,7 +21,8 @@ SECRET_IDS = ("coder", "ada", "session-secret")
 def scrape(running: Running) -> str:
     assert running.addresses.metrics is not None
     with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
-        return r.read().decode()
+        body: bytes = r.read()
+    return body.decode()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -127,10 +127,12 @@ def test_a_cancelled_stream_is_counted_as_canceled(served: Running) -> None:
     }
     # The server records the call once its handler has ended (a liveness
     # bound, not a timing claim).
-    deadline = time.monotonic() + 20
-    while not value(text := scrape(served), "grpc_server_handling_seconds_count", **labels):
-        assert time.monotonic() < deadline, "the cancelled watch was never recorded"
-        time.sleep(0.05)
+
+    def recorded() -> str | None:
+        text = scrape(served)
+        return text if value(text, "grpc_server_handling_seconds_count", **labels) else None
+
+    text = eventually(recorded, "the cancelled watch is recorded", within=20, pause=0.05)
     assert value(text, "grpc_server_handled_total", **labels, grpc_code="Canceled") == 1
     for code in ("Unknown", "OK"):
         assert value(text, "grpc_server_handled_total", **labels, grpc_code=code) == 0

@@ -20,7 +20,7 @@ from sidecar.core.errors import DatabaseReadOnly, SidecarError, StoreError
 from sidecar.core.memory import Scope
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.tools import Tools
-from tests.conftest import ROOT, MakeSidecar, Running, error_info, refused
+from tests.conftest import ROOT, MakeSidecar, Running, contents, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -45,10 +45,6 @@ def call(
     )
     response = running.stub.CallTool(request, timeout=10)
     return response, json.loads(response.structured_json)
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE) -> list[str]:
-    return [m.content for m in running.list(scope=scope).memories]
 
 
 def test_the_tools_are_defined_in_shapes_openai_and_anthropic_take(sidecar: Running) -> None:
@@ -103,7 +99,7 @@ def test_add_saves_and_every_result_carries_the_tiers_usage(sidecar: Running) ->
     assert not again.is_error
     assert not outcome["created"]
     assert again.text.startswith("Already saved")
-    assert contents(sidecar) == ["Repo uses uv", "Ada is a staff engineer"]
+    assert contents(sidecar, SCOPE) == ["Repo uses uv", "Ada is a staff engineer"]
 
 
 def test_a_full_tier_is_a_tool_error_listing_the_entries_and_what_to_do(
@@ -112,7 +108,7 @@ def test_a_full_tier_is_a_tool_error_listing_the_entries_and_what_to_do(
     running = make_sidecar("defaults: {memory_char_limit: 60}")
     call(running, "memory", action="add", content="Deploys go through ArgoCD")
     call(running, "memory", action="add", content="CI runs on Debian")
-    before = contents(running)
+    before = contents(running, SCOPE)
     response, outcome = call(
         running, "memory", action="add", content="The staging cluster lives in eu-west-1"
     )
@@ -124,7 +120,7 @@ def test_a_full_tier_is_a_tool_error_listing_the_entries_and_what_to_do(
     assert "action=replace" in response.text
     assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
     assert [m["content"] for m in outcome["memories"]] == before
-    assert contents(running) == before
+    assert contents(running, SCOPE) == before
 
 
 def test_arguments_cannot_name_another_scope(sidecar: Running) -> None:
@@ -138,7 +134,7 @@ def test_arguments_cannot_name_another_scope(sidecar: Running) -> None:
         listed, _ = call(sidecar, "memory_list", **sneaky)
         assert listed.is_error
     assert contents(sidecar, other) == ["the victim's note"]
-    assert contents(sidecar) == []
+    assert contents(sidecar, SCOPE) == []
 
 
 @pytest.mark.parametrize(
@@ -161,7 +157,7 @@ def test_a_models_mistake_is_a_tool_error_and_changes_nothing(
     assert response.is_error
     assert expected in response.text
     assert outcome["ok"] is False
-    assert contents(sidecar) == []
+    assert contents(sidecar, SCOPE) == []
 
 
 def test_arguments_that_are_not_a_json_object_are_a_tool_error(sidecar: Running) -> None:
@@ -272,13 +268,13 @@ def test_replace_and_remove_find_the_entry_by_its_text(sidecar: Running) -> None
     assert removed.text == (
         "Removed from user profile (target=user) [0% — 0/1,375 chars]: 'Ada prefers dark mode'"
     )
-    assert contents(sidecar) == ["Deploy target is AWS eu-west-1"]
+    assert contents(sidecar, SCOPE) == ["Deploy target is AWS eu-west-1"]
 
 
 def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar: Running) -> None:
     for text in ("CI runs on Debian", "Staging runs on Debian too", "Prod runs on Alpine"):
         call(sidecar, "memory", action="add", content=text)
-    before = contents(sidecar)
+    before = contents(sidecar, SCOPE)
     response, outcome = call(
         sidecar, "memory", action="replace", old_text="Debian", content="CI runs on Ubuntu"
     )
@@ -290,12 +286,16 @@ def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar:
         "Quote more of the one you mean as old_text.",
     ]
     assert outcome["error"]["reason"] == "AMBIGUOUS_MATCH"
-    assert contents(sidecar) == before
+    assert contents(sidecar, SCOPE) == before
     exact, _ = call(
         sidecar, "memory", action="replace", old_text="CI runs on Debian", content="CI: Ubuntu"
     )
     assert not exact.is_error
-    assert contents(sidecar) == ["CI: Ubuntu", "Staging runs on Debian too", "Prod runs on Alpine"]
+    assert contents(sidecar, SCOPE) == [
+        "CI: Ubuntu",
+        "Staging runs on Debian too",
+        "Prod runs on Alpine",
+    ]
 
 
 def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -> None:
@@ -307,7 +307,7 @@ def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -
     assert response.is_error
     assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
     assert "1. (17 chars) CI runs on Debian" in response.text
-    assert contents(running) == ["CI runs on Debian"]
+    assert contents(running, SCOPE) == ["CI runs on Debian"]
 
 
 def test_a_near_duplicate_is_reported_or_refused_as_the_agent_says(

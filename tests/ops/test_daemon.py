@@ -16,7 +16,15 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import MakeSidecar, error_info, refused, run_sidecar, spawn_daemon, sqlite_file
+from tests.conftest import (
+    MakeSidecar,
+    error_info,
+    eventually,
+    refused,
+    run_sidecar,
+    spawn_daemon,
+    sqlite_file,
+)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -25,7 +33,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def health_status(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
 
 
 def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
@@ -158,31 +166,34 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
         "grpc_service": "memory.v1.MemoryService",
         "grpc_method": "AddMemory",
     }
-    deadline = time.monotonic() + 10
-    while not registry.get_sample_value("grpc_server_started_total", labels):
-        assert time.monotonic() < deadline, "the AddMemory call never reached the server"
-        time.sleep(0.01)
+    eventually(
+        lambda: registry.get_sample_value("grpc_server_started_total", labels),
+        "the AddMemory call reaches the server",
+    )
     stopper = threading.Thread(target=running.sidecar.stop)
     stopper.start()
-    while running.sidecar.health.Check(health_pb2.HealthCheckRequest(), None).status != (
-        NOT_SERVING
-    ):
-        time.sleep(0.01)
+    eventually(
+        lambda: (
+            running.sidecar.health.Check(health_pb2.HealthCheckRequest(), None).status
+            == NOT_SERVING
+        ),
+        "the server reports NOT_SERVING",
+    )
+    assert running.addresses.health is not None
     assert health_status(running.addresses.health) == NOT_SERVING
     # stop() goes straight on to refusing new calls: a call may still slip
     # in just after NOT_SERVING (a loaded machine stretches that moment),
     # none once refusing has begun, while the in-flight call still waits.
     late = grpc.insecure_channel(running.addresses.api)
-    deadline = time.monotonic() + 10
-    code = None
-    while code is None:
+
+    def refusal() -> grpc.StatusCode | None:
         try:
             pb_grpc.MemoryServiceStub(late).GetMemories(pb.GetMemoriesRequest(), timeout=5)
         except grpc.RpcError as error:
-            code = error.code()
-        else:
-            assert time.monotonic() < deadline, "new calls were never refused"
-            time.sleep(0.05)
+            return error.code()
+        return None
+
+    code = eventually(refusal, "new calls are refused", pause=0.05)
     assert code == grpc.StatusCode.UNAVAILABLE
     assert writer.is_alive(), "the in-flight call must still be waiting"
     late.close()

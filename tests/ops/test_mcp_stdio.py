@@ -20,8 +20,8 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access_tokens import ADMIN, tokens_file  # noqa: F401 (a fixture)
-from tests.api.test_mcp_http import MODES, SCOPE, contents, refused_connection, run
-from tests.conftest import ROOT, MakeSidecar, run_sidecar
+from tests.api.test_mcp_http import MODES, SCOPE, refused_connection, run, text_of
+from tests.conftest import ROOT, MakeSidecar, contents, run_sidecar
 
 FROZEN = "memory://frozen-block"
 
@@ -84,7 +84,7 @@ def test_the_tools_act_in_the_daemon_in_the_command_lines_scope(
     assert full.is_error
     assert full.content[0].text.startswith("Not saved: agent notes (target=memory) is full [")
     assert "1. (13 chars) Builds use uv" in full.content[0].text
-    assert contents(running) == ["Builds use uv"]
+    assert contents(running, SCOPE) == ["Builds use uv"]
     assert contents(running, other) == []
 
 
@@ -97,11 +97,11 @@ def test_writes_through_the_bridge_refresh_frozen_blocks_as_grpc_writes_do(
 
     async def body() -> tuple[str, str, str]:
         async with bridge(running.addresses.api, "--session-id", "s1") as client:
-            shown = (await client.read_resource(FROZEN)).contents[0].text
+            shown = text_of((await client.read_resource(FROZEN)).contents[0])
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
-            refreshed = (await client.read_resource(FROZEN)).contents[0].text
+            refreshed = text_of((await client.read_resource(FROZEN)).contents[0])
             prompt = await client.get_prompt("memory_context", {"user_message": "which API?"})
-            return shown, refreshed, prompt.messages[0].content.text
+            return shown, refreshed, text_of(prompt.messages[0].content)
 
     shown, refreshed, turn = run(body)
     assert shown == before.system_block
@@ -121,7 +121,7 @@ def test_under_on_compaction_the_block_waits_for_notify_compaction(
     async def body() -> str:
         async with bridge(running.addresses.api, "--session-id", "s1") as client:
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
-            return str((await client.read_resource(FROZEN)).contents[0].text)
+            return text_of((await client.read_resource(FROZEN)).contents[0])
 
     assert run(body) == before.system_block
     assert running.turn("s1", scope=SCOPE).system_block == before.system_block
@@ -172,8 +172,10 @@ def test_the_tokens_grant_applies_unchanged(
         assert error.code == -32600
         assert (error.data["code"], error.data["reason"]) == (code, reason)
     assert not run(allowed).is_error
-    assert contents(running, SCOPE, ADMIN) == []
-    assert contents(running, pb.Scope(agent_id="agent-a", user_id="ada"), ADMIN) == ["A's note"]
+    assert contents(running, SCOPE, token=ADMIN) == []
+    assert contents(running, pb.Scope(agent_id="agent-a", user_id="ada"), token=ADMIN) == [
+        "A's note"
+    ]
 
 
 def test_errors_are_the_http_listeners(make_sidecar: MakeSidecar) -> None:

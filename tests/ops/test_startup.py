@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +47,7 @@ from sidecar.ops.startup import Backoff, transient, wait_for_database
 from sidecar.storage.changes import ChangeFeed
 from sidecar.storage.store import Store
 from tests import pg
-from tests.conftest import error_info, refused, require_tool, run_sidecar, sqlite_file
+from tests.conftest import error_info, eventually, refused, require_tool, run_sidecar, sqlite_file
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -93,15 +92,21 @@ class Waiting:
 
     def until(self, pattern: str) -> re.Match[str]:
         """The first log line matching `pattern`, waiting for it."""
-        deadline = time.monotonic() + PATIENCE
-        while time.monotonic() < deadline:
+
+        def logged() -> re.Match[str] | None:
             for line in list(self.log):
                 found = re.search(pattern, line)
                 if found:
                     return found
             assert self.process.poll() is None, "exited:\n" + "\n".join(self.log)
-            time.sleep(0.05)
-        raise AssertionError(f"never logged {pattern!r}:\n" + "\n".join(self.log))
+            return None
+
+        return eventually(
+            logged,
+            lambda: f"logged {pattern!r}:\n" + "\n".join(self.log),
+            within=PATIENCE,
+            pause=0.05,
+        )
 
     def wait(self) -> int:
         code = self.process.wait(PATIENCE)
@@ -212,8 +217,8 @@ def test_waits_not_serving_for_postgresql_then_serves(
             error = refused(add, pb.AddMemoryRequest(content="early"), timeout=5)
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
-            assert "waits for its database" in error.details()
-            assert "Connection refused" in error.details()  # what the last attempt met
+            assert "waits for its database" in (error.details() or "")
+            assert "Connection refused" in (error.details() or "")  # what the last attempt met
             stream = stub.ExportMemories(pb.ExportMemoriesRequest(), timeout=5, metadata=old)
             error = refused(list, stream)
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
@@ -221,11 +226,16 @@ def test_waits_not_serving_for_postgresql_then_serves(
         # The token is rotated while the daemon waits (the old one revoked).
         token_file.write_text("new-token\n")
         cluster.serve()
-        deadline = time.monotonic() + PATIENCE
-        while health(health_address) != SERVING:
-            assert time.monotonic() < deadline, "never SERVING:\n" + "\n".join(daemon.log)
+
+        def serving() -> bool:
+            if health(health_address) == SERVING:
+                return True
             assert daemon.process.poll() is None, "\n".join(daemon.log)
-            time.sleep(0.1)
+            return False
+
+        eventually(
+            serving, lambda: "SERVING:\n" + "\n".join(daemon.log), within=PATIENCE, pause=0.1
+        )
         assert health(api, "memory.v1.MemoryService") == SERVING
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
@@ -433,16 +443,21 @@ class InProcess:
             self.outcome.append(exc)
 
     def serving(self) -> bool:
-        """Whether it reports SERVING; waits for it, unless serve() ended."""
-        deadline = time.monotonic() + PATIENCE
-        while time.monotonic() < deadline and self._thread.is_alive():
+        """Whether it reports SERVING (True) or serve() ends first (False);
+        fails when neither happens within PATIENCE."""
+
+        def state() -> str | None:
+            if not self._thread.is_alive():
+                return "ended"
             try:
                 if health(self.health) == SERVING:
-                    return True
+                    return "serving"
             except grpc.RpcError:
                 pass  # not listening yet
-            time.sleep(0.05)
-        return False
+            return None
+
+        settled = eventually(state, "serve() reports SERVING or ends", within=PATIENCE, pause=0.05)
+        return settled == "serving"
 
     def end(self) -> object:
         """Stop it; what serve() returned or raised."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,19 +17,20 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.core.memory import Memory, Tier, Usage
 from sidecar.ops import cli
 from sidecar.retrieval import index_format
-from sidecar.retrieval.compact import CompactPartition, record_of
+from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
 from sidecar.retrieval.ranking import Weights, rank
 from sidecar.storage import archive
-from sidecar.storage._statements import Record
+from sidecar.storage._statements import Record, record_of
 from sidecar.storage.index import IndexSource
-from tests.conftest import MakeSidecar, Running
+from tests.conftest import MakeSidecar, Running, eventually
+from tests.retrieval.test_partition import Hooks
 
 pytestmark = pytest.mark.contract
 
 WORDS = ["deploy", "deploys", "kubernetes", "uv", "python", "july", "2023", "tea", "coffee", "ada"]
 CATEGORIES = ["", "env", "pref"]
-PLAIN: dict[str, Callable[..., object]] = {"scan": lambda m: None, "count_tokens": len}
+PLAIN: Hooks = {"scan": lambda m: None, "count_tokens": len}
 START = datetime(2023, 6, 30, 23, 59, 59, 999_999, tzinfo=UTC)
 
 
@@ -337,10 +337,12 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
 
 
 def _wait_indexed(running: Running) -> None:
-    deadline = time.monotonic() + 60
-    while running.sidecar.engine.indexing():
-        assert time.monotonic() < deadline, "the compact index was never persisted"
-        time.sleep(0.02)
+    eventually(
+        lambda: not running.sidecar.engine.indexing(),
+        "the compact index is persisted",
+        within=60,
+        pause=0.02,
+    )
 
 
 def _state(running: Running) -> tuple[int, int]:
@@ -405,8 +407,8 @@ def test_a_persisted_index_still_loads_once_entries_expire(make_sidecar: MakeSid
     key = (Tier.MEMORY, "agent")
 
     def wait_past(memory: pb.Memory) -> None:
-        while datetime.now(UTC) <= memory.expires_at.ToDatetime(tzinfo=UTC):
-            time.sleep(0.05)
+        expires = memory.expires_at.ToDatetime(tzinfo=UTC)
+        eventually(lambda: datetime.now(UTC) > expires, "the entry's expiry passes", pause=0.05)
 
     def loaded_from_index(indexed: int) -> Running:
         running = make_sidecar(config % 10, name="same.db")

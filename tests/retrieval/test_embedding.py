@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sidecar.retrieval import embedding
+from sidecar.retrieval import embedding, llm
 from sidecar.retrieval.embedding import (
     MODEL_SHA256,
     EncoderError,
@@ -404,7 +404,7 @@ def test_a_reply_read_whole_after_the_deadline_is_not_parsed(
     """The transport's own timer ends a reply that is late; if that timer
     fires late itself (a busy machine), the reply is read whole after the
     deadline: it is not parsed, and the call is the encoder's timeout."""
-    real_post, real_parse = embedding.post_json, embedding._parse_embeddings
+    real_post, real_parse = llm.post_json, embedding._parse_embeddings
     parsed: list[int] = []
 
     def late_timer(*args: Any, timeout_seconds: float, **kwargs: Any) -> bytes:

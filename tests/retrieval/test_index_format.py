@@ -53,7 +53,7 @@ def test_a_damaged_or_foreign_index_is_refused(
         arrays = {name: saved[name] for name in saved.files}
     damage(arrays)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    np.savez(buffer, **arrays)
     source = IndexSource(
         buffer.getvalue(), 1, [], [], Usage.of(len(m.content) for m in memories), 1, 0
     )

@@ -147,7 +147,7 @@ def _altered(index: bytes, change: Callable[[dict[str, np.ndarray]], None]) -> b
         arrays = {name: saved[name] for name in saved.files}
     change(arrays)
     out = io.BytesIO()
-    np.savez(out, **arrays)  # type: ignore[arg-type]
+    np.savez(out, **arrays)
     return out.getvalue()
 
 

@@ -4,7 +4,9 @@ partitions never see what is written after them."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +37,13 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def memory(seq: int, text: str, confidence: float = 1.0, category: str = "") -> Memory:
     stamp = T0 + timedelta(seconds=seq)
     return Memory(f"m{seq}", Tier.MEMORY, text, category, confidence, stamp, stamp, seq)
+
+
+class Hooks(TypedDict):
+    """What a Partition asks for each entry it takes in."""
+
+    scan: Callable[[Memory], str | None]
+    count_tokens: Callable[[str], int]
 
 
 def flag(memory: Memory) -> str | None:
@@ -72,7 +81,7 @@ def test_incremental_updates_equal_a_fresh_build(seed: int) -> None:
     entries = [memory(i, text(rng)) for i in range(rng.randint(0, 6))]
     partition = build(entries)
     seq = len(entries)
-    hooks = {"scan": flag, "count_tokens": lambda s: len(s) // 4}
+    hooks: Hooks = {"scan": flag, "count_tokens": lambda s: len(s) // 4}
     # Every partition made on the way, with what it holds: appends share
     # storage with older partitions, which must never see them.
     history = [(partition, list(entries), 0)]

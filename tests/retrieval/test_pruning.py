@@ -10,10 +10,10 @@ import pytest
 
 from sidecar.core.memory import Memory, Tier, Usage
 from sidecar.retrieval import pruning
-from sidecar.retrieval.compact import CompactPartition, record_of
+from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
 from sidecar.retrieval.ranking import Weights, rank
-from sidecar.storage._statements import Record
+from sidecar.storage._statements import Record, record_of
 from tests.retrieval.test_partition import build, memory
 
 

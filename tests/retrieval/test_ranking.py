@@ -77,9 +77,18 @@ def test_python_and_numpy_ranking_agree(
     partitions = [build(entries[:cut]), build(entries[cut:])]
     query = [] if keywordless else rng.sample(WORDS, rng.randint(1, 4))
     for category in ("", "x"):
-        arguments = {"match_all": match_all, "category": category, "limit": limit}
-        python = rank(partitions, query, Weights(), vectorized=False, **arguments)
-        vector = rank(partitions, query, Weights(), vectorized=True, **arguments)
+        python, vector = (
+            rank(
+                partitions,
+                query,
+                Weights(),
+                vectorized=vectorized,
+                match_all=match_all,
+                category=category,
+                limit=limit,
+            )
+            for vectorized in (False, True)
+        )
         assert python == vector
 
 

@@ -45,7 +45,7 @@ def refusal(running: Running, content: str) -> str | None:
         grpc.StatusCode.INVALID_ARGUMENT,
         "CONTENT_REJECTED",
     ), f"{content!r}: {failed.details()}"
-    return info.metadata["pattern"]
+    return str(info.metadata["pattern"])
 
 
 def test_the_issues_nbsp_header_forgery_is_refused(sidecar: Running) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.retrieval.embedding import LocalEncoder
-from tests.conftest import MakeSidecar, Running
+from tests.conftest import MakeSidecar, Running, eventually
 from tests.endpoint import JsonEndpoint
 
 pytestmark = pytest.mark.contract
@@ -178,9 +177,8 @@ def test_another_replica_finds_what_one_wrote(make_sidecar: MakeSidecar) -> None
     two_before = search(two, "what does she like to eat")
     assert two_before == []
     notes = add_notes(one)
-    deadline = time.monotonic() + 10
-    while not search(two, "what does she like to eat") and time.monotonic() < deadline:
-        time.sleep(0.05)  # the other replica sees the write on its next read
+    # The other replica sees the write on its next read.
+    eventually(lambda: search(two, "what does she like to eat"), "two finds it", pause=0.05)
     assert ids(search(two, "what does she like to eat")) == [notes[0].id]
 
 
@@ -194,10 +192,13 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
     after = make_sidecar(LOCAL, db=before.db)
     semantic = after.sidecar.engine.inside().semantic
     assert semantic is not None
-    deadline = time.monotonic() + 30
-    while after.store.vectors.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the background backfill starts with the daemon
-    assert after.store.vectors.unembedded(semantic.model, 0, 1) == []
+    # The background backfill starts with the daemon.
+    eventually(
+        lambda: after.store.vectors.unembedded(semantic.model, 0, 1) == [],
+        "the backfill embeds every entry",
+        within=30,
+        pause=0.05,
+    )
     assert vector_rows(after) == len(NOTES)
     assert ids(search(after, "when is the daily meeting")) == [notes[2].id]
 
@@ -289,10 +290,12 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         semantic = plain.sidecar.engine.inside().semantic
         assert semantic is not None
         assert semantic.model == "endpoint:minilm"
-        deadline = time.monotonic() + 30
-        while plain.store.vectors.unembedded(semantic.model, 0, 1) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert plain.store.vectors.unembedded(semantic.model, 0, 1) == []
+        eventually(
+            lambda: plain.store.vectors.unembedded(semantic.model, 0, 1) == [],
+            "the backfill embeds every entry again",
+            within=30,
+            pause=0.05,
+        )
         again = [r["body"]["input"] for r in model_endpoint.requests[asked:]]
     assert sorted(text for batch in again for text in batch) == sorted(NOTES)
 
@@ -365,12 +368,12 @@ def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
     after = make_sidecar("server: {compact_tier_entries: 4, semantic_encoder: local}", db=before.db)
     semantic = after.sidecar.engine.inside().semantic
     assert semantic is not None
-    deadline = time.monotonic() + 30
-    while (
-        after.store.vectors.unembedded(semantic.model, 0, 10, below=4)
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.05)
+    eventually(
+        lambda: after.store.vectors.unembedded(semantic.model, 0, 10, below=4) == [],
+        "the backfill embeds the small tier",
+        within=30,
+        pause=0.05,
+    )
     # Only the small tier's two entries were embedded; the compact tier is
     # ranked lexically, and a write to it once held compactly is not embedded.
     assert vector_rows(after) == 2

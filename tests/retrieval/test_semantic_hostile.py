@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import tracemalloc
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api import server
 from sidecar.config import settings
 from sidecar.retrieval.embedding import EncoderError, EndpointEncoder, LocalEncoder
-from tests.conftest import MakeSidecar, Running
+from tests.conftest import MakeSidecar, Running, eventually
 from tests.endpoint import JsonEndpoint
 from tests.retrieval.test_semantic import (
     NOTES,
@@ -88,10 +87,12 @@ def _vector_sizes(running: Running) -> dict[int, int]:
 
 def _wait_embedded(running: Running, dimension: int, count: int) -> None:
     """Until the backfill has stored `count` vectors of that dimension."""
-    deadline = time.monotonic() + 60
-    while _vector_sizes(running) != {2 * dimension: count}:
-        assert time.monotonic() < deadline, _vector_sizes(running)
-        time.sleep(0.05)
+    eventually(
+        lambda: _vector_sizes(running) == {2 * dimension: count},
+        lambda: f"{count} vectors of {dimension} dimensions, not {_vector_sizes(running)}",
+        within=60,
+        pause=0.05,
+    )
 
 
 def test_a_model_of_another_dimension_under_the_same_name_fails_no_call(

@@ -22,7 +22,7 @@ from sidecar.core.memory import Tier
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.embedding import LocalEncoder
 from sidecar.retrieval.similarity import COSINE_WEIGHT, lexical, pair, score, term_set
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import MakeSidecar, Running, contents, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -36,10 +36,6 @@ RELATED = "User prefers light keyboard backlight"
 
 REFUSE = "agents: {coder: {similar_writes: refuse}}"
 ALLOW = "agents: {coder: {similar_writes: allow}}"
-
-
-def contents(running: Running, scope: pb.Scope = SCOPE) -> list[tuple[str, str]]:
-    return [(m.id, m.content) for m in running.list(scope=scope).memories]
 
 
 def budget_rejections(running: Running) -> float:
@@ -62,7 +58,8 @@ def test_report_is_the_default_and_still_writes(sidecar: Running) -> None:
     assert similar.memory.tier == USER
     assert similar.score == pytest.approx(pair(FIRST, RESTATED))
     assert similar.score >= AgentSettings().similar_threshold
-    assert contents(sidecar) == [(first.id, FIRST), (second.memory.id, RESTATED)]
+    listed = sidecar.list(scope=SCOPE).memories
+    assert [(m.id, m.content) for m in listed] == [(first.id, FIRST), (second.memory.id, RESTATED)]
 
 
 def test_refuse_names_the_entry_and_changes_nothing(make_sidecar: MakeSidecar) -> None:
@@ -84,7 +81,8 @@ def test_refuse_names_the_entry_and_changes_nothing(make_sidecar: MakeSidecar) -
     running.stub.UpdateMemory(
         pb.UpdateMemoryRequest(scope=SCOPE, id=first.id, content=RESTATED), timeout=10
     )
-    assert contents(running) == [(first.id, RESTATED)]
+    listed = running.list(scope=SCOPE).memories
+    assert [(m.id, m.content) for m in listed] == [(first.id, RESTATED)]
 
 
 def test_refuse_lets_related_entries_and_other_tiers_through(make_sidecar: MakeSidecar) -> None:
@@ -107,7 +105,7 @@ def test_allow_computes_nothing(make_sidecar: MakeSidecar) -> None:
     second = running.add(RESTATED, scope=SCOPE, tier=USER)
     assert second.created
     assert list(second.similar) == []
-    assert len(contents(running)) == 2
+    assert len(contents(running, SCOPE)) == 2
     # Not even the tier is loaded for it.
     assert running.sidecar.engine.inside().partitions.cached((Tier.USER, "ada")) is None
 
@@ -130,7 +128,7 @@ def test_identical_content_returns_the_existing_entry(
     assert not again.created
     assert again.memory.id == first.id
     assert list(again.similar) == []
-    assert len(contents(running)) == 2
+    assert len(contents(running, SCOPE)) == 2
 
 
 def test_the_threshold_is_the_agents(make_sidecar: MakeSidecar) -> None:

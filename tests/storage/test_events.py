@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,6 +11,7 @@ from sidecar.core.memory import Scope, Tier
 from sidecar.storage.events import Batch
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.contract
 
@@ -94,13 +94,14 @@ def test_the_settled_bound_waits_for_a_writer_in_flight(store: Store, backend: s
 
     reading = threading.Thread(target=reader)
     reading.start()
-    deadline = time.monotonic() + WAIT_SECONDS
     with store._db.connection_context():
-        while not store._db.execute_sql(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "the reader never waited for the writer"
-            time.sleep(0.01)
+        eventually(
+            lambda: store._db.execute_sql(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            ).fetchone()[0],
+            "the reader waits for the writer",
+            within=WAIT_SECONDS,
+        )
     release.set()
     writer.join(WAIT_SECONDS)
     reading.join(WAIT_SECONDS)

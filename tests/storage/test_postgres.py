@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import settings as config_mod
+from sidecar.core.errors import ConfigError
 from sidecar.core.memory import Scope, Tier
 from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import MemoryEngine
@@ -23,8 +24,8 @@ from sidecar.storage.schema import SCHEMA_VERSION
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
 from tests import pg
-from tests.conftest import MakeSidecar, Running, run_sidecar
-from tests.test_replicas import SCOPE, eventually, shown
+from tests.conftest import MakeSidecar, Running, eventually, run_sidecar
+from tests.test_replicas import SCOPE, shown
 
 
 @pytest.fixture
@@ -95,8 +96,9 @@ def test_without_a_live_feed_every_turn_checks_the_database(
     metrics = Metrics(CollectorRegistry())
     reader_store = Store(dsn, on_query=metrics.db_query)
     engine = MemoryEngine(cfg, reader_store, metrics=metrics, changes=True)
-    assert engine.inside().feed is not None
-    assert not engine.inside().feed.verified
+    feed = engine.inside().feed
+    assert feed is not None
+    assert not feed.verified
     scope, policy = Scope("coder", "ada"), TierPolicy(2200)
     try:
         assert engine.inject(scope, "s").system_block == ""
@@ -129,7 +131,7 @@ def test_without_a_live_feed_every_turn_checks_the_database(
 def test_a_listener_gone_quiet_is_unverified_after_three_heartbeats() -> None:
     """A heartbeat that never comes back (a silently dead server) marks the feed unverified."""
     now = [100.0]
-    heard: list[tuple[str, str, int]] = []
+    heard: list[tuple[str, str, int, int]] = []
 
     class Quiet:
         """A connection whose heartbeat never returns in time: it raises."""
@@ -265,12 +267,12 @@ def test_an_unreachable_server_is_a_one_line_error(tmp_path: Path) -> None:
 def test_a_password_needs_a_dsn(tmp_path: Path) -> None:
     secret = tmp_path / "password"
     secret.write_text("x")
-    with pytest.raises(config_mod.ConfigError, match=r"needs server\.db to be a postgresql"):
+    with pytest.raises(ConfigError, match=r"needs server\.db to be a postgresql"):
         config_mod.load(flags={"db": str(tmp_path / "m.db"), "db_password_file": str(secret)})
     secret.write_text("\n")
-    with pytest.raises(config_mod.ConfigError, match="is empty"):
+    with pytest.raises(ConfigError, match="is empty"):
         config_mod.load(flags={"db": "postgresql://u@h/db", "db_password_file": str(secret)})
-    with pytest.raises(config_mod.ConfigError, match="in the file or in"):
+    with pytest.raises(ConfigError, match="in the file or in"):
         config_mod.load(
             environ={"MEMORY_SIDECAR_DB_PASSWORD": "x"},
             flags={"db": "postgresql://u@h/db", "db_password_file": str(tmp_path / "password")},
