@@ -301,8 +301,8 @@ def test_sqlite_poller_delivers_a_write_before_the_compaction_committed_after_it
         interval=1.0,
         busy_timeout_ms=5000,
         publish=lambda payload: None,
+        on_session=lambda kind, *scope: news.append(kind),
     )
-    poller.on_session = lambda kind, *scope: news.append(kind)
     poller.run_once()  # first contact: the watermarks
     assert poller._connection is not None
 

@@ -48,7 +48,7 @@ from sidecar.domain.index import Indexer
 from sidecar.retrieval import scanner
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
-from sidecar.storage.changes import ChangeFeed
+from sidecar.storage.changes import ChangeFeed, OnSession
 from sidecar.storage.expiry import Swept
 from sidecar.storage.store import Store, Written
 
@@ -76,6 +76,8 @@ class Partitions:
         changes: bool = False,
         on_generation: Callable[[PartitionKey, int], None] | None = None,
         on_erased: Sequence[Callable[[PartitionKey, int, bool], int]] = (),
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         # The wall clock expiry is judged by (the store's, injected).
@@ -108,10 +110,14 @@ class Partitions:
         # Without a feed this process assumes it is the database's only writer.
         self.feed: ChangeFeed | None = None
         if changes:
+            # Session events and resyncs pass through to their listeners
+            # (sidecar.domain.replication); writes come here.
             self.feed = store.change_feed(
                 self.heard,
                 poll_seconds=config.server.change_poll_ms / 1000,
                 heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
+                on_session=on_session,
+                on_resync=on_resync,
             )
             metrics.watch_feed(self.feed)
         # Told of every generation this process writes or hears of: the one

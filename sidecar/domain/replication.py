@@ -73,10 +73,9 @@ class Replication:
         self._sessions = sessions
         self._metrics = metrics
         self._clock = clock
+        # The feed tells `heard` and `resync` (wired by sidecar.domain.rooms
+        # when the feed is built, before this room).
         self.feed = partitions.feed
-        if self.feed is not None:
-            self.feed.on_session = self.heard
-            self.feed.on_resync = self.resync
 
     # --- read-your-writes -----------------------------------------------------
 

@@ -9,9 +9,9 @@ listeners it tells (passed in at construction, never attached later):
   showed it and tells the `on_erasure` listeners, the edge's caches of
   rendered answers). Watches and Forgetting need the partitions, so the
   partitions reach them through `Rooms`, built after.
-
-The change feed is the one exception: the store makes it inside Partitions,
-and Replication sets its session and resync callbacks when it is built.
+- The change feed (made by the store inside Partitions) tells Partitions of
+  writes, and Replication of session events and resyncs: Replication needs
+  the feed, so the feed reaches it through `Rooms`, as above.
 
 MemoryEngine (sidecar.domain.engine) is these rooms plus the orchestration
 of each request over them: the rooms stay private to the domain, and the
@@ -179,11 +179,21 @@ class Rooms:
             changes=changes,
             on_generation=self._generation_heard,
             on_erased=(self._exports.erased, self._erasure_heard),
+            on_session=self._session_heard,
+            on_resync=self._resync_heard,
         )
 
     def _generation_heard(self, key: PartitionKey, generation: int) -> None:
         """Partitions.on_generation: wake the partition's watches."""
         self._watches.wake(key, generation)
+
+    def _session_heard(self, kind: str, agent_id: str, user_id: str, session: str) -> None:
+        """The feed's on_session: another replica's compaction or session end."""
+        self._replication.heard(kind, agent_id, user_id, session)
+
+    def _resync_heard(self) -> None:
+        """The feed's on_resync: session news may have been lost."""
+        self._replication.resync()
 
     def _erasure_heard(self, key: PartitionKey, generation: int, followed: bool) -> int:
         """Partitions.on_erased, after the exports: let go of what showed it."""

@@ -321,44 +321,59 @@ class Tools:
     # --- the tools ----------------------------------------------------------
 
     def _memory(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
+        """The `memory` tool: the action's arguments checked, then run."""
         action = _choice(arguments, "action", ACTIONS, "")
         tier = TARGETS[_choice(arguments, "target", list(TARGETS), "memory")]
-        label = _TIER_NAMES[tier]
         limit = self._engine.settings(scope).policy(tier).limit_chars
         if action == "add":
-            content = self._content(_text(arguments, "content", required=True))
-            if arguments.get("old_text"):
-                raise _ArgumentError("`old_text` is for replace and remove; add takes content")
-            added = self._engine.add(NewEntry(scope, tier, content))
-            memory, usage = added.memory, added.usage
-            verb = "Saved to" if added.created else "Already saved (an identical entry) in"
-            text = f"{verb} {label} {_usage_text(usage, limit)}: {memory.content}"
-            if added.similar:
-                text += (
-                    "\nIt nearly repeats "
-                    + "; ".join(repr(s.memory.content) for s in added.similar)
-                    + ". If they say the same, keep one (action=remove with old_text)."
-                )
-            outcome = self._outcome(action, memory, usage, limit, created=added.created)
-            outcome["similar"] = [
-                _memory_data(s.memory) | {"score": round(s.score, 4)} for s in added.similar
-            ]
-            return ToolResult(text, outcome)
+            return self._add(scope, tier, limit, arguments)
         old_text = self._old_text(_text(arguments, "old_text", required=True))
         if action == "replace":
-            content = self._content(_text(arguments, "content", required=True))
-            edit = Edit(scope, match=old_text, tier=tier, content=content)
-            memory, usage, _ = self._engine.update(edit)
-            return ToolResult(
-                f"Replaced in {label} {_usage_text(usage, limit)}: now {memory.content!r}",
-                self._outcome(action, memory, usage, limit),
+            return self._replace(scope, tier, limit, old_text, arguments)
+        return self._remove(scope, tier, limit, old_text, arguments)
+
+    def _add(
+        self, scope: Scope, tier: Tier, limit: int, arguments: Mapping[str, Any]
+    ) -> ToolResult:
+        content = self._content(_text(arguments, "content", required=True))
+        if arguments.get("old_text"):
+            raise _ArgumentError("`old_text` is for replace and remove; add takes content")
+        added = self._engine.add(NewEntry(scope, tier, content))
+        memory, usage = added.memory, added.usage
+        verb = "Saved to" if added.created else "Already saved (an identical entry) in"
+        text = f"{verb} {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {memory.content}"
+        if added.similar:
+            text += (
+                "\nIt nearly repeats "
+                + "; ".join(repr(s.memory.content) for s in added.similar)
+                + ". If they say the same, keep one (action=remove with old_text)."
             )
+        outcome = self._outcome("add", memory, usage, limit, created=added.created)
+        outcome["similar"] = [
+            _memory_data(s.memory) | {"score": round(s.score, 4)} for s in added.similar
+        ]
+        return ToolResult(text, outcome)
+
+    def _replace(
+        self, scope: Scope, tier: Tier, limit: int, old_text: str, arguments: Mapping[str, Any]
+    ) -> ToolResult:
+        content = self._content(_text(arguments, "content", required=True))
+        edit = Edit(scope, match=old_text, tier=tier, content=content)
+        memory, usage, _ = self._engine.update(edit)
+        return ToolResult(
+            f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now {memory.content!r}",
+            self._outcome("replace", memory, usage, limit),
+        )
+
+    def _remove(
+        self, scope: Scope, tier: Tier, limit: int, old_text: str, arguments: Mapping[str, Any]
+    ) -> ToolResult:
         if arguments.get("content"):
             raise _ArgumentError("`content` is for add and replace; remove takes old_text")
         memory, usage, _ = self._engine.delete(scope, "", match=old_text, tier=tier)
         return ToolResult(
-            f"Removed from {label} {_usage_text(usage, limit)}: {memory.content!r}",
-            self._outcome(action, memory, usage, limit),
+            f"Removed from {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {memory.content!r}",
+            self._outcome("remove", memory, usage, limit),
         )
 
     def _search(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:

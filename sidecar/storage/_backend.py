@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from sidecar.core.errors import StoreError
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 SCHEMA_TABLE = "schema_version"
 STATE_TABLE = "tier_state"
@@ -508,5 +508,13 @@ class Backend(abc.ABC):
     def backup(self, destination: str, progress: Callable[[int, int], None]) -> None: ...
 
     @abc.abstractmethod
-    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
-        """A feed of other processes' writes, started by the caller."""
+    def change_feed(
+        self,
+        on_change: OnChange,
+        settings: FeedSettings,
+        *,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
+    ) -> ChangeFeed:
+        """A feed of other processes' writes, started by the caller, that
+        tells its listeners (given here: see ChangeFeed)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from sidecar.storage._backend import STATE_TABLE
 from sidecar.storage._pgpool import Pool, out_of_slots
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 CHANNEL = "memory_sidecar_changes"
 # Session events and fences (sidecar.storage.changes), on the same connection: one
@@ -54,9 +54,17 @@ class NotifyListener(ChangeFeed):
         publish: Callable[[str], None],
         pool: Pool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(
-            on_change, interval=heartbeat, stale_after=3 * heartbeat, publish=publish, clock=clock
+            on_change,
+            interval=heartbeat,
+            stale_after=3 * heartbeat,
+            publish=publish,
+            clock=clock,
+            on_session=on_session,
+            on_resync=on_resync,
         )
         self._connect = connect
         self._pool = pool

@@ -62,7 +62,7 @@ from sidecar.storage._backend import (
 )
 from sidecar.storage._pg_listener import CHANNEL, EVENTS_CHANNEL, NotifyListener
 from sidecar.storage._pgpool import Pool, out_of_slots
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 try:
     import psycopg
@@ -490,7 +490,14 @@ class PostgresBackend(Backend):
             "operator's backups (or use `memory-sidecar export`)"
         )
 
-    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
+    def change_feed(
+        self,
+        on_change: OnChange,
+        settings: FeedSettings,
+        *,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
+    ) -> ChangeFeed:
         heartbeat = settings.heartbeat_seconds
         return NotifyListener(
             lambda: self._listener_connection(heartbeat),
@@ -498,6 +505,8 @@ class PostgresBackend(Backend):
             heartbeat=heartbeat,
             publish=self._notify,
             pool=self.db,
+            on_session=on_session,
+            on_resync=on_resync,
         )
 
     def _notify(self, payload: str) -> None:

@@ -54,7 +54,7 @@ from sidecar.storage._backend import (
     FeedSettings,
 )
 from sidecar.storage._sqlite_poller import DataVersionPoller
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -506,11 +506,20 @@ class SqliteBackend(Backend):
     def backup(self, destination: str, progress: Callable[[int, int], None]) -> None:
         backup(self.db, destination, progress)
 
-    def change_feed(self, on_change: OnChange, settings: FeedSettings) -> ChangeFeed:
+    def change_feed(
+        self,
+        on_change: OnChange,
+        settings: FeedSettings,
+        *,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
+    ) -> ChangeFeed:
         return DataVersionPoller(
             self.path,
             on_change,
             interval=settings.poll_seconds,
             busy_timeout_ms=self._busy_timeout_ms,
             publish=lambda payload: self.publish_session_event(payload, to_micros(system_clock())),
+            on_session=on_session,
+            on_resync=on_resync,
         )

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 
 from sidecar.storage._backend import SESSION_EVENTS_TABLE, STATE_TABLE
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 
 class DataVersionPoller(ChangeFeed):
@@ -34,11 +34,18 @@ class DataVersionPoller(ChangeFeed):
         interval: float,
         busy_timeout_ms: int,
         publish: Callable[[str], None],
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
     ) -> None:
         # Unverified after a few missed polls, however short the interval:
         # a busy machine may delay a cycle, and each costs a query per call.
         super().__init__(
-            on_change, interval=interval, stale_after=max(1.0, 10 * interval), publish=publish
+            on_change,
+            interval=interval,
+            stale_after=max(1.0, 10 * interval),
+            publish=publish,
+            on_session=on_session,
+            on_resync=on_resync,
         )
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms

@@ -84,7 +84,11 @@ class ChangeFeed(abc.ABC):
         stale_after: float,
         publish: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
     ) -> None:
+        # Whom the feed tells, given here and never attached later: a
+        # listener set after start() could miss the first cycle's news.
         self._on_change = on_change
         # Sends a payload to every feed of the database (the backend's).
         self._send = publish
@@ -104,10 +108,10 @@ class ChangeFeed(abc.ABC):
         # This feed's name in what it publishes: its own events come back
         # to it (PostgreSQL) and are skipped.
         self.origin = uuid.uuid4().hex[:16]
-        self.on_session: OnSession | None = None
+        self._on_session = on_session
         # Told when news may have been lost (a reconnect of a feed whose
         # session events are not kept): every session rebuilds.
-        self.on_resync: Callable[[], None] | None = None
+        self._on_resync = on_resync
         # The newest generation delivered; fences issued and proved. All
         # three only grow, under _caught_up.
         self.applied = 0
@@ -283,17 +287,17 @@ class ChangeFeed(abc.ABC):
                 if what == "fence":
                     self._proved(int(rest[0]))
                 return
-            if what == "session" and self.on_session is not None:
+            if what == "session" and self._on_session is not None:
                 kind, agent_id, user_id, session = rest
-                self.on_session(str(kind), str(agent_id), str(user_id), str(session))
+                self._on_session(str(kind), str(agent_id), str(user_id), str(session))
         except (ValueError, TypeError) as exc:
             # Anyone who can reach the database can send one: a bad payload
             # must not take the feed down with it.
             log.warning("ignored a malformed session event (%s): %.200r", exc, payload)
 
     def _resync(self) -> None:
-        if self.on_resync is not None:
-            self.on_resync()
+        if self._on_resync is not None:
+            self._on_resync()
 
     @property
     def settle_seconds(self) -> float:

@@ -40,7 +40,7 @@ from sidecar.storage._backend import (
 )
 from sidecar.storage._statements import Record, unexpired
 from sidecar.storage._tables import Tables, to_memory, usage_of
-from sidecar.storage.changes import ChangeFeed, OnChange
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 from sidecar.storage.erasure import Erasure
 from sidecar.storage.events import EventLog
 from sidecar.storage.expiry import (
@@ -225,11 +225,18 @@ class Store:
             return self._backend.connection_settings()
 
     def change_feed(
-        self, on_change: OnChange, *, poll_seconds: float, heartbeat_seconds: float
+        self,
+        on_change: OnChange,
+        *,
+        poll_seconds: float,
+        heartbeat_seconds: float,
+        on_session: OnSession | None = None,
+        on_resync: Callable[[], None] | None = None,
     ) -> ChangeFeed:
         """A feed of the partitions other processes write (not started)."""
+        settings = FeedSettings(poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds)
         return self._backend.change_feed(
-            on_change, FeedSettings(poll_seconds=poll_seconds, heartbeat_seconds=heartbeat_seconds)
+            on_change, settings, on_session=on_session, on_resync=on_resync
         )
 
     def generations(self, keys: Iterable[tuple[Tier, str]]) -> dict[tuple[Tier, str], int]:
