@@ -108,24 +108,29 @@ class Partitions:
         self._erasing: dict[PartitionKey, dict[PartitionKey, int]] = {}
         self._erasing_lock = threading.Lock()
         # Without a feed this process assumes it is the database's only writer.
-        self.feed: ChangeFeed | None = None
-        if changes:
-            # Session events and resyncs pass through to their listeners
-            # (sidecar.domain.replication); writes come here.
-            self.feed = store.change_feed(
-                self.heard,
-                poll_seconds=config.server.change_poll_ms / 1000,
-                heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
-                on_session=on_session,
-                on_resync=on_resync,
-            )
-            metrics.watch_feed(self.feed)
+        self.feed = self._feed(config, on_session, on_resync) if changes else None
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
         self.on_generation = on_generation
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
+
+    def _feed(
+        self, config: Config, on_session: OnSession | None, on_resync: Callable[[], None] | None
+    ) -> ChangeFeed:
+        """The change feed (not started): writes come here (`heard`); session
+        events and resyncs pass through to their listeners
+        (sidecar.domain.replication, wired by sidecar.domain.rooms)."""
+        feed = self._store.change_feed(
+            self.heard,
+            poll_seconds=config.server.change_poll_ms / 1000,
+            heartbeat_seconds=config.server.change_heartbeat_ms / 1000,
+            on_session=on_session,
+            on_resync=on_resync,
+        )
+        self._metrics.watch_feed(feed)
+        return feed
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -16,7 +16,8 @@ sidecar.storage.writes), anything above the storage layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from peewee import fn
 
@@ -281,3 +282,12 @@ def to_memory(row: _Row | Record) -> Memory:
         seq=row.seq,
         expires_at=None if row.expires_at is None else from_micros(row.expires_at),
     )
+
+
+def scope_clause(rows: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
+    """Rows of any of the scope's tiers, each of the scope's owner of that tier."""
+    clause: Any = None
+    for tier in tiers:
+        part = (rows.tier == tier.value) & (rows.owner == scope.owner(tier))
+        clause = part if clause is None else (clause | part)
+    return clause

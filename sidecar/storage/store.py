@@ -1,14 +1,14 @@
 """The store: tiered memories in one database, written within each tier's
 budget, a write taken as one value (sidecar.storage.writes). Beside it,
-sharing the handle it builds (sidecar.storage._tables), are the other storage
-modules: schema, index (`store.indexes`), vectors (`store.vectors`), expiry,
-events, erasure, and archive (backup, dump, restore, import).
+sharing the handle it builds (sidecar.storage._tables), are the other
+storage modules: schema, index (`store.indexes`), vectors (`store.vectors`),
+expiry, events, erasure, and archive (backup, dump, restore, import).
 
-Every public method opens a pooled connection for its own duration, so the
+Every public method opens a pooled connection for its own duration: the
 store is safe to call from any thread. Every write locks its partition's
-state row (see sidecar.storage._backend), checks the budget and duplicates against
-it, and advances it in the same transaction, so concurrent writers, in this
-process or any other, can never push a tier over its budget together.
+state row (sidecar.storage._backend), checks the budget and duplicates
+against it and advances it in one transaction: concurrent writers, of any
+process, can never push a tier over its budget together.
 
 Owns: Store (its backend, lifecycle, the writes and reads of entries, usage,
 idempotency keys). Must not touch: the engine, service, server, ranking or
@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from peewee import fn
 
@@ -39,7 +39,7 @@ from sidecar.storage._backend import (
     StatementSpan,
 )
 from sidecar.storage._statements import Record, unexpired
-from sidecar.storage._tables import Tables, to_memory, usage_of
+from sidecar.storage._tables import Tables, scope_clause, to_memory, usage_of
 from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 from sidecar.storage.erasure import Erasure
 from sidecar.storage.events import EventLog
@@ -400,7 +400,7 @@ class Store:
         """
         Row = self.tables.rows
         with self._guard(), self._db.connection_context(), self._backend.read_transaction():
-            query = Row.select().where(_scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
+            query = Row.select().where(scope_clause(Row, scope, tiers) & (Row.seq > after_seq))
             if not include_expired:
                 query = query.where(unexpired(Row, self.tables.now()))
             if category:
@@ -592,11 +592,3 @@ def _edited(row: Record, edit: Edit, expires: Expires, now: int) -> Record:
     if edit.confidence is not None:
         row = row._replace(confidence=float(edit.confidence))
     return row._replace(expires_at=expires.applied(row.expires_at), updated_at=now)
-
-
-def _scope_clause(Row: type[_Row], scope: Scope, tiers: Iterable[Tier]) -> Any:
-    clause: Any = None
-    for tier in tiers:
-        part = (Row.tier == tier.value) & (Row.owner == scope.owner(tier))
-        clause = part if clause is None else (clause | part)
-    return clause
