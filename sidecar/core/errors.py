@@ -77,6 +77,7 @@ class Reason(StrEnum):
     MEMORY_NOT_FOUND = "MEMORY_NOT_FOUND"
     EXPIRED = "EXPIRED"
     MATCH_NOT_FOUND = "MATCH_NOT_FOUND"
+    EDIT_CONFLICT = "EDIT_CONFLICT"
     AMBIGUOUS_MATCH = "AMBIGUOUS_MATCH"
     TIER_BUDGET_EXCEEDED = "TIER_BUDGET_EXCEEDED"
     TIER_DISABLED = "TIER_DISABLED"
@@ -217,6 +218,14 @@ class Aborted(SidecarError):
 
     code = "ABORTED"
     default_reason = Reason.ABORTED
+
+
+class EditConflict(Aborted):
+    """An edit made against an entry as it was read (`Edit.expected`) found
+    it changed by another writer meanwhile: nothing was written; read it
+    again and redo the edit."""
+
+    default_reason = Reason.EDIT_CONFLICT
 
 
 class CallerGone(SidecarError):

@@ -241,6 +241,11 @@ class MemoryEngine(Rooms):
                 self._semantic.written(key, written, held, content_changed=content is not None)
         return memory, written.usage, written.generation
 
+    def holding(self, scope: Scope, tier: Tier, match: str) -> Memory:
+        """The one entry of the scope's tier holding `match`, read now (an
+        edit computed from it names it with `Edit.expected`)."""
+        return self._store.holding(scope, tier, match)
+
     def delete(
         self,
         scope: Scope,

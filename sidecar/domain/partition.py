@@ -50,7 +50,8 @@ from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
 from sidecar.storage.changes import ChangeFeed, OnSession
 from sidecar.storage.expiry import Swept
-from sidecar.storage.store import Store, Written
+from sidecar.storage.store import Store
+from sidecar.storage.writes import Written
 
 PartitionKey = tuple[Tier, str]
 # A tier's entries and index: in full, or compact (a large tier).

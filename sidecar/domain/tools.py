@@ -5,8 +5,9 @@ ListTools/CallTool (sidecar.api.service). Three tools, shaped as the seeds' own
 (cagent's `target` memory|user, Hermes' edits by `old_text`):
 
 - `memory`: action add | replace | remove, target memory | user, content,
-  old_text. Replace and remove name the entry by text it contains: the
-  frozen block shows no ids.
+  old_text, new_text. Replace and remove name the entry by text it contains
+  (the frozen block shows no ids); replace changes only that text, as the
+  substring edits models are trained on do (`str_replace`).
 - `memory_search`: the tiers' entries that match a query, best first.
 - `memory_list`: every entry of a tier, with its size.
 
@@ -37,6 +38,7 @@ from sidecar.core.errors import (
     AlreadyExists,
     AmbiguousMatch,
     BudgetExceeded,
+    EditConflict,
     FailedPrecondition,
     InvalidArgument,
     MatchNotFound,
@@ -61,6 +63,8 @@ ACTIONS = ("add", "replace", "remove")
 TARGETS = {"memory": Tier.MEMORY, "user": Tier.USER}
 DEFAULT_SEARCH_LIMIT = 10
 MAX_SEARCH_LIMIT = 50
+# A substring edit read again after another writer changed its entry meanwhile.
+_EDIT_ATTEMPTS = 3
 # Errors of these kinds are the model's to act on: returned as tool errors.
 _MODELS_TO_FIX = (InvalidArgument, NotFound, FailedPrecondition, AlreadyExists)
 _TIER_NAMES = {Tier.MEMORY: "agent notes (target=memory)", Tier.USER: "user profile (target=user)"}
@@ -146,12 +150,18 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "target": _target_schema(both=False),
             "content": {
                 "type": "string",
-                "description": "The entry's text (add, replace).",
+                "description": "The new entry's text (add).",
             },
             "old_text": {
                 "type": "string",
-                "description": "Text that occurs in exactly one existing entry of the "
-                "target: the entry to replace or remove. Quote a distinctive part.",
+                "description": "Text that occurs exactly once in the target (replace, "
+                "remove): replace changes just this text, remove deletes the entry "
+                "holding it. Quote it exactly, with enough context to be unique.",
+            },
+            "new_text": {
+                "type": "string",
+                "description": "What old_text becomes (replace); the rest of the entry "
+                "stays. To rewrite a whole entry, quote all of it as old_text.",
             },
         },
         ["action"],
@@ -183,10 +193,11 @@ def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
         "blocks of your system prompt. target=memory is for your own notes: facts about "
         "the environment, project conventions, lessons learned. target=user is for what "
         "you learn about the user: name, role, preferences. action=add saves `content` as "
-        "a new entry; action=replace finds the one entry containing `old_text` and "
-        "replaces it with `content`; action=remove deletes the one entry containing "
-        "`old_text`. Keep each entry short, one fact per entry, and correct an entry "
-        "instead of adding a contradicting one. Each target has a character budget "
+        "a new entry; action=replace changes the text `old_text` (which must occur exactly "
+        "once in the target) to `new_text`, leaving the rest of its entry as it is; "
+        "action=remove deletes the one entry containing `old_text`. Keep each entry "
+        "short, one fact per entry, and correct an entry instead of adding a "
+        "contradicting one. Each target has a character budget "
         f"({budgets}); every result shows its usage, and when a target is full, shorten "
         "or remove entries first.",
         SCHEMAS[MEMORY],
@@ -220,6 +231,18 @@ def _text(arguments: Mapping[str, Any], name: str, *, required: bool) -> str:
     if not isinstance(value, str):
         raise _ArgumentError(f"`{name}` must be a string")
     return value
+
+
+def _replaced_once(content: str, old_text: str, new_text: str) -> str:
+    """`content` with its one `old_text` made `new_text`; refused where the
+    entry holds it more than once (which of them is meant?)."""
+    count = content.count(old_text)
+    if count > 1:
+        raise _ArgumentError(
+            f"`old_text` occurs {count} times in the entry {content!r}; quote more of the "
+            "text around the one you mean (nothing was changed)"
+        )
+    return content.replace(old_text, new_text, 1)
 
 
 def _choice(arguments: Mapping[str, Any], name: str, allowed: Sequence[str], default: str) -> str:
@@ -357,13 +380,33 @@ class Tools:
     def _replace(
         self, scope: Scope, tier: Tier, limit: int, old_text: str, arguments: Mapping[str, Any]
     ) -> ToolResult:
-        content = self._content(_text(arguments, "content", required=True))
-        edit = Edit(scope, match=old_text, tier=tier, content=content)
-        memory, usage, _ = self._engine.update(edit)
-        return ToolResult(
-            f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now {memory.content!r}",
-            self._outcome("replace", memory, usage, limit),
-        )
+        """Change `old_text` to `new_text` in the one entry holding it: the
+        edit is computed from the entry as read, and written only if the
+        entry still says that (another writer in between: read it again)."""
+        if "content" in arguments:
+            raise _ArgumentError(
+                "replace takes `old_text` and `new_text` (only the quoted text changes); "
+                "`content` is for add"
+            )
+        new_text = _text(arguments, "new_text", required=True)
+        for attempt in range(1, _EDIT_ATTEMPTS + 1):
+            before = self._engine.holding(scope, tier, old_text)
+            content = self._content(_replaced_once(before.content, old_text, new_text))
+            edit = Edit(scope, match=old_text, tier=tier, content=content, expected=before.content)
+            try:
+                memory, usage, _ = self._engine.update(edit)
+            except EditConflict:
+                if attempt == _EDIT_ATTEMPTS:
+                    raise
+                continue
+            outcome = self._outcome("replace", memory, usage, limit)
+            outcome["previous"] = before.content
+            return ToolResult(
+                f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now "
+                f"{memory.content!r} (was {before.content!r})",
+                outcome,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _remove(
         self, scope: Scope, tier: Tier, limit: int, old_text: str, arguments: Mapping[str, Any]
@@ -483,7 +526,8 @@ class Tools:
             text = (
                 f"Not saved: the {exc.tier} target already holds a similar entry: "
                 f"{exc.content!r}. If the new text corrects it, use action=replace with "
-                "old_text from it; if it says the same, it is already saved."
+                "old_text (the words to change) and new_text; if it says the same, it is "
+                "already saved."
             )
         elif isinstance(exc, MatchNotFound):
             text = (

@@ -58,8 +58,9 @@ from sidecar.core.metrics import Metrics
 from sidecar.retrieval.embedding import Encoder, EncoderError
 from sidecar.retrieval.llm import Pause
 from sidecar.retrieval.partition import Partition
-from sidecar.storage.store import Store, Written
+from sidecar.storage.store import Store
 from sidecar.storage.vectors import Vector
+from sidecar.storage.writes import Written
 
 log = logging.getLogger("sidecar.semantic")
 

@@ -197,6 +197,11 @@ class Tables:
         never both act on the entry as it was before either.
         """
         state = self.backend.lock_partition(owner, tier.value)
+        return self.holding(owner, tier, match), state
+
+    def holding(self, owner: str, tier: Tier, match: str) -> Record:
+        """The one unexpired entry of the partition whose content holds
+        `match`; MATCH_NOT_FOUND or AMBIGUOUS_MATCH otherwise."""
         Row = self.rows  # noqa: N806 - a bound model class
         position = getattr(fn, self.backend.position_function)(Row.content, match)
         query = (
@@ -220,7 +225,7 @@ class Tables:
         if len(found) > 1:
             candidates = [(row.memory_id, row.content) for row in found]
             raise AmbiguousMatch(tier=tier.value, match=match, candidates=candidates)
-        return found[0], state
+        return found[0]
 
     def insert(
         self,

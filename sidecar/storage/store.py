@@ -62,9 +62,11 @@ from sidecar.storage.writes import (
     NewEntry,
     TierPolicy,
     Wanted,
+    Written,
     check_budget,
     require_caller,
     require_enabled,
+    require_expected,
 )
 
 log = logging.getLogger("sidecar.store")
@@ -74,19 +76,6 @@ CLOSE_WAIT_SECONDS = 5.0
 
 # How long AddMemory remembers an idempotency key.
 IDEMPOTENCY_TTL_MICROS = 24 * 3600 * 1_000_000
-
-
-class Written(NamedTuple):
-    """What a write did: the entry, the tier's usage after, and the generations
-    of its partition before and after (equal when nothing changed)."""
-
-    memory: Memory
-    usage: Usage
-    created: bool
-    previous: int
-    generation: int
-    # Seqs of the partition's expired entries the write removed first.
-    expired: tuple[int, ...] = ()
 
 
 class Loaded(NamedTuple):
@@ -335,6 +324,7 @@ class Store:
         with self._guard(), self._db.connection_context(), self._backend.write_transaction():
             row, locked = self.tables.edited(edit.scope, edit.memory_id, edit.match, edit.tier)
             require_caller(still_wanted)
+            require_expected(edit, row.content)
             tier = Tier(row.tier)
             now = to_micros(self._clock())
             purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
@@ -350,6 +340,13 @@ class Store:
             generation = advance(self.tables, row.owner, tier, after, expired, row.seq, now)
             self.tables.logged(row.owner, tier, generation, "update", row.memory_id, row.updated_at)
             return _done(row, purged.weighed(after), False, locked, generation, expired)
+
+    def holding(self, scope: Scope, tier: Tier, match: str) -> Memory:
+        """The one entry of the scope's tier whose content holds `match`, as
+        an edit by `match` would find it now (MATCH_NOT_FOUND, AMBIGUOUS_MATCH
+        as it would), read without a lock: edit it with `Edit.expected`."""
+        with self._guard(), self._db.connection_context():
+            return to_memory(self.tables.holding(scope.owner(tier), tier, match))
 
     def delete(
         self,

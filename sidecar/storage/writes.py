@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
+from typing import NamedTuple
 
-from sidecar.core.errors import BudgetExceeded, CallerGone, FailedPrecondition, Reason
-from sidecar.core.memory import Scope, Tier
+from sidecar.core.errors import BudgetExceeded, CallerGone, EditConflict, FailedPrecondition, Reason
+from sidecar.core.memory import Memory, Scope, Tier, Usage
 
 # Whether the caller still waits for the write (False: cancelled, or past its deadline).
 Wanted = Callable[[], bool]
@@ -92,6 +93,22 @@ class Edit:
     content: str | None = None
     category: str | None = None
     confidence: float | None = None
+    # The entry's content as the edit was computed from (a substring edit
+    # of the model's tools): a row that says anything else is not changed.
+    expected: str | None = None
+
+
+class Written(NamedTuple):
+    """What a write did: the entry, the tier's usage after, and the generations
+    of its partition before and after (equal when nothing changed)."""
+
+    memory: Memory
+    usage: Usage
+    created: bool
+    previous: int
+    generation: int
+    # Seqs of the partition's expired entries the write removed first.
+    expired: tuple[int, ...] = ()
 
 
 # The defaults of an add and of an edit (a signature's default is built once).
@@ -107,6 +124,13 @@ def require_caller(still_wanted: Wanted | None) -> None:
     """
     if still_wanted is not None and not still_wanted():
         raise CallerGone("the caller cancelled or its deadline passed; nothing was written")
+
+
+def require_expected(edit: Edit, content: str) -> None:
+    """Refuse an edit computed from content the entry no longer holds
+    (checked with the partition locked: no writer can change it after)."""
+    if edit.expected is not None and content != edit.expected:
+        raise EditConflict("the entry changed while it was being edited; edit it again")
 
 
 def require_enabled(tier: Tier, policy: TierPolicy) -> None:

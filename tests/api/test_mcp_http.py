@@ -144,7 +144,7 @@ def test_add_replace_remove_search_and_list(make_sidecar: MakeSidecar, mode: str
                 await client.call_tool("memory_search", {"query": "deploys"}),
                 await client.call_tool(
                     "memory",
-                    {"action": "replace", "old_text": "use uv", "content": "Deploys use uv 0.5"},
+                    {"action": "replace", "old_text": "use uv", "new_text": "use uv 0.5"},
                 ),
                 await client.call_tool(
                     "memory", {"action": "remove", "target": "user", "old_text": "likes tea"}

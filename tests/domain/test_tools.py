@@ -16,11 +16,12 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.config.settings import Config
-from sidecar.core.errors import DatabaseReadOnly, SidecarError, StoreError
-from sidecar.core.memory import Scope
+from sidecar.core.errors import DatabaseReadOnly, EditConflict, SidecarError, StoreError
+from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.tools import Tools
-from tests.conftest import ROOT, MakeSidecar, Running, contents, error_info, refused
+from sidecar.storage.writes import Edit, NewEntry
+from tests.conftest import ROOT, MakeEngine, MakeSidecar, Running, contents, error_info, refused
 
 pytestmark = pytest.mark.contract
 
@@ -145,7 +146,12 @@ def test_arguments_cannot_name_another_scope(sidecar: Running) -> None:
         ({"action": "add", "content": 7}, "`content` must be a string"),
         ({"action": "erase", "content": "x"}, "`action` must be one of add, replace, remove"),
         ({"action": "add", "target": "team", "content": "x"}, "`target` must be one of"),
-        ({"action": "replace", "content": "x"}, "`old_text` is required"),
+        ({"action": "replace", "new_text": "x"}, "`old_text` is required"),
+        ({"action": "replace", "old_text": "x"}, "`new_text` is required"),
+        (
+            {"action": "replace", "old_text": "x", "new_text": "y", "content": "y"},
+            "replace takes `old_text` and `new_text` (only the quoted text changes)",
+        ),
         ({"action": "remove", "old_text": " "}, "`old_text` is empty"),
         ({"action": "add", "content": "x" * 70_000}, "content is 70,000 characters long"),
     ],
@@ -247,18 +253,16 @@ def test_replace_and_remove_find_the_entry_by_its_text(sidecar: Running) -> None
     call(sidecar, "memory", action="add", content="Deploy target is AWS us-east-1")
     call(sidecar, "memory", action="add", target="user", content="Ada prefers dark mode")
     replaced, outcome = call(
-        sidecar,
-        "memory",
-        action="replace",
-        old_text="us-east-1",
-        content="Deploy target is AWS eu-west-1",
+        sidecar, "memory", action="replace", old_text="us-east-1", new_text="eu-west-1"
     )
     assert not replaced.is_error
     assert replaced.text == (
         "Replaced in agent notes (target=memory) [1% — 30/2,200 chars]: "
-        "now 'Deploy target is AWS eu-west-1'"
+        "now 'Deploy target is AWS eu-west-1' (was 'Deploy target is AWS us-east-1')"
     )
     assert outcome["action"] == "replace"
+    assert outcome["previous"] == "Deploy target is AWS us-east-1"
+    assert outcome["memory"]["content"] == "Deploy target is AWS eu-west-1"
     # The user tier is searched only with target=user.
     missing, outcome = call(sidecar, "memory", action="remove", old_text="dark mode")
     assert missing.is_error
@@ -271,12 +275,89 @@ def test_replace_and_remove_find_the_entry_by_its_text(sidecar: Running) -> None
     assert contents(sidecar, SCOPE) == ["Deploy target is AWS eu-west-1"]
 
 
+def test_replace_changes_only_the_quoted_text(sidecar: Running) -> None:
+    # Issue 33: a whole-entry swap turned this note into "pg-staging-3".
+    note = "Staging DB host is pg-staging-2; production DB host is pg-prod-1; both need VPN."
+    call(sidecar, "memory", action="add", content=note)
+    response, outcome = call(
+        sidecar, "memory", action="replace", old_text="pg-staging-2", new_text="pg-staging-3"
+    )
+    assert not response.is_error
+    changed = note.replace("pg-staging-2", "pg-staging-3")
+    assert contents(sidecar, SCOPE) == [changed]
+    assert response.text.endswith(f"now {changed!r} (was {note!r})")
+    assert outcome["previous"] == note
+    # An empty new_text deletes the quoted words; the rest stays.
+    call(sidecar, "memory", action="replace", old_text="; both need VPN", new_text="")
+    assert contents(sidecar, SCOPE) == [changed.replace("; both need VPN", "")]
+
+
+def test_old_text_twice_in_one_entry_is_refused_and_changes_nothing(sidecar: Running) -> None:
+    call(sidecar, "memory", action="add", content="Ports: api 5433, replica 5433")
+    response, outcome = call(sidecar, "memory", action="replace", old_text="5433", new_text="6543")
+    assert response.is_error
+    assert outcome["error"]["reason"] == "ARGUMENTS_INVALID"
+    assert "`old_text` occurs 2 times in the entry 'Ports: api 5433, replica 5433'" in (
+        response.text
+    )
+    assert "nothing was changed" in response.text
+    assert contents(sidecar, SCOPE) == ["Ports: api 5433, replica 5433"]
+    # A one-character old_text is held to the same rule: never a rewrite.
+    single, _ = call(sidecar, "memory", action="replace", old_text="a", new_text="A")
+    assert single.is_error
+    assert "`old_text` occurs 2 times in the entry" in single.text
+    assert contents(sidecar, SCOPE) == ["Ports: api 5433, replica 5433"]
+
+
+def test_a_replace_raced_by_another_writer_is_computed_again(make_engine: MakeEngine) -> None:
+    # Another writer changes the entry between the tool's read and its write:
+    # the write is refused (EDIT_CONFLICT), the tool reads again, and both
+    # changes survive. The read is wrapped only to place the other write.
+    engine, _, _ = make_engine()
+    scope = Scope("coder")
+    engine.add(NewEntry(scope, Tier.MEMORY, "api on port 5433, cache on port 6379"))
+    read = engine.holding
+    raced: list[str] = []
+
+    def holding(scope: Scope, tier: Tier, match: str) -> Memory:
+        entry = read(scope, tier, match)
+        if not raced:
+            edit = Edit(scope, match="6379", tier=tier, content=entry.content + "!")
+            raced.append(engine.update(edit)[0].content)
+        return entry
+
+    engine.holding = holding  # type: ignore[method-assign]
+    result = Tools(engine, Config().server.limits()).call(
+        scope, "s1", "memory", {"action": "replace", "old_text": "5433", "new_text": "5434"}
+    )
+    assert not result.is_error, result.text
+    assert raced == ["api on port 5433, cache on port 6379!"]
+    assert result.structured["previous"] == "api on port 5433, cache on port 6379!"
+    memories, _ = engine.list_memories(scope, [Tier.MEMORY], "")
+    assert [m.content for m in memories] == ["api on port 5434, cache on port 6379!"]
+
+
+def test_an_edit_from_stale_content_is_refused_and_changes_nothing(
+    make_engine: MakeEngine,
+) -> None:
+    engine, _, _ = make_engine()
+    scope = Scope("coder")
+    engine.add(NewEntry(scope, Tier.MEMORY, "uses uv"))
+    stale = Edit(scope, match="uv", tier=Tier.MEMORY, content="uses pip", expected="uses")
+    with pytest.raises(EditConflict) as refused_edit:
+        engine.update(stale)
+    assert refused_edit.value.code == "ABORTED"
+    assert refused_edit.value.reason == "EDIT_CONFLICT"
+    memories, _ = engine.list_memories(scope, [Tier.MEMORY], "")
+    assert [m.content for m in memories] == ["uses uv"]
+
+
 def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar: Running) -> None:
     for text in ("CI runs on Debian", "Staging runs on Debian too", "Prod runs on Alpine"):
         call(sidecar, "memory", action="add", content=text)
     before = contents(sidecar, SCOPE)
     response, outcome = call(
-        sidecar, "memory", action="replace", old_text="Debian", content="CI runs on Ubuntu"
+        sidecar, "memory", action="replace", old_text="Debian", new_text="Ubuntu"
     )
     assert response.is_error
     assert response.text.splitlines() == [
@@ -288,7 +369,7 @@ def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar:
     assert outcome["error"]["reason"] == "AMBIGUOUS_MATCH"
     assert contents(sidecar, SCOPE) == before
     exact, _ = call(
-        sidecar, "memory", action="replace", old_text="CI runs on Debian", content="CI: Ubuntu"
+        sidecar, "memory", action="replace", old_text="CI runs on Debian", new_text="CI: Ubuntu"
     )
     assert not exact.is_error
     assert contents(sidecar, SCOPE) == [
@@ -302,7 +383,7 @@ def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -
     running = make_sidecar("defaults: {memory_char_limit: 40}")
     call(running, "memory", action="add", content="CI runs on Debian")
     response, outcome = call(
-        running, "memory", action="replace", old_text="Debian", content="CI runs " + "x" * 60
+        running, "memory", action="replace", old_text="Debian", new_text="x" * 60
     )
     assert response.is_error
     assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
