@@ -45,7 +45,8 @@ from mcp.shared.exceptions import MCPError
 
 from sidecar import __version__
 from sidecar.core.errors import SidecarError
-from sidecar.domain.tools import LIST, MEMORY, SCHEMAS, SEARCH, ToolDef, ToolResult
+from sidecar.domain.tool_definitions import LIST, MEMORY, SCHEMAS, SEARCH, ToolDef
+from sidecar.domain.tools import ToolResult
 
 log = logging.getLogger("sidecar.mcp_server")
 

@@ -21,8 +21,9 @@ model's to fix (a token's grant, an unavailable database) are raised.
 The scope is the caller's, never the model's: no schema has a scope field
 and unknown arguments are refused, so a call cannot reach another scope.
 
-Owns: the tools' names, descriptions, schemas, argument checks and the texts
-the model reads. Must not touch: grpc or the MCP SDK (the edges render),
+Owns: running a call: the argument checks and the texts the model reads
+(the names, descriptions and schemas are sidecar.domain.tool_definitions').
+Must not touch: grpc or the MCP SDK (the edges render),
 the store (everything goes through the engine), access checks (the edges
 authorize the scope before calling).
 """
@@ -50,6 +51,18 @@ from sidecar.core.errors import (
 )
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
+from sidecar.domain.tool_definitions import (
+    ACTIONS,
+    DEFAULT_SEARCH_LIMIT,
+    LIST,
+    MAX_SEARCH_LIMIT,
+    MEMORY,
+    SCHEMAS,
+    SEARCH,
+    TARGETS,
+    ToolDef,
+    definitions,
+)
 from sidecar.retrieval import blocks
 from sidecar.storage.writes import Edit, NewEntry
 
@@ -58,44 +71,11 @@ if TYPE_CHECKING:
     # uses these tools' definitions and need not load the engine.
     from sidecar.domain.engine import MemoryEngine
 
-MEMORY, SEARCH, LIST = "memory", "memory_search", "memory_list"
-ACTIONS = ("add", "replace", "remove")
-TARGETS = {"memory": Tier.MEMORY, "user": Tier.USER}
-DEFAULT_SEARCH_LIMIT = 10
-MAX_SEARCH_LIMIT = 50
 # A substring edit read again after another writer changed its entry meanwhile.
 _EDIT_ATTEMPTS = 3
 # Errors of these kinds are the model's to act on: returned as tool errors.
 _MODELS_TO_FIX = (InvalidArgument, NotFound, FailedPrecondition, AlreadyExists)
 _TIER_NAMES = {Tier.MEMORY: "agent notes (target=memory)", Tier.USER: "user profile (target=user)"}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolDef:
-    """One tool: its name, its description for the model, its arguments' JSON Schema."""
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-    def openai(self) -> dict[str, Any]:
-        """As an OpenAI function tool (Chat Completions' `tools` entry)."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.input_schema,
-            },
-        }
-
-    def anthropic(self) -> dict[str, Any]:
-        """As an Anthropic Messages API tool."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,117 +85,6 @@ class ToolResult:
     text: str
     structured: dict[str, Any]
     is_error: bool = False
-
-
-def _target_schema(both: bool) -> dict[str, Any]:
-    values = [*TARGETS, "both"] if both else list(TARGETS)
-    return {
-        "type": "string",
-        "enum": values,
-        "default": "both" if both else "memory",
-        "description": "memory: your own notes; user: the user's profile"
-        + ("; both: either" if both else ""),
-    }
-
-
-def _strict(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def _budgets(engine: MemoryEngine, scope: Scope) -> str:
-    settings = engine.settings(scope)
-    parts = []
-    for tier, name in ((Tier.MEMORY, "memory"), (Tier.USER, "user")):
-        policy = settings.policy(tier)
-        if not policy.enabled:
-            parts.append(f"{name}: switched off")
-        elif policy.limit_chars:
-            parts.append(f"{name}: {policy.limit_chars:,} characters")
-        else:
-            parts.append(f"{name}: unlimited")
-    return "; ".join(parts)
-
-
-# The arguments' schemas, the same for every scope (only the descriptions
-# state a scope's budgets): built once, and what `call` checks names against.
-SCHEMAS: dict[str, dict[str, Any]] = {
-    MEMORY: _strict(
-        {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "target": _target_schema(both=False),
-            "content": {
-                "type": "string",
-                "description": "The new entry's text (add).",
-            },
-            "old_text": {
-                "type": "string",
-                "description": "Text that occurs exactly once in the target (replace, "
-                "remove): replace changes just this text, remove deletes the entry "
-                "holding it. Quote it exactly, with enough context to be unique.",
-            },
-            "new_text": {
-                "type": "string",
-                "description": "What old_text becomes (replace); the rest of the entry "
-                "stays. To rewrite a whole entry, quote all of it as old_text.",
-            },
-        },
-        ["action"],
-    ),
-    SEARCH: _strict(
-        {
-            "query": {"type": "string", "description": "What to look for."},
-            "target": _target_schema(both=True),
-            "limit": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": MAX_SEARCH_LIMIT,
-                "default": DEFAULT_SEARCH_LIMIT,
-            },
-        },
-        ["query"],
-    ),
-    LIST: _strict({"target": _target_schema(both=True)}, []),
-}
-
-
-def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
-    """The tools, with descriptions that state this scope's budgets."""
-    budgets = _budgets(engine, scope)
-    memory = ToolDef(
-        MEMORY,
-        "Save, correct or remove one of your long-term memories. They are shown to you "
-        "at the start of every conversation, in the MEMORY (agent notes) and USER PROFILE "
-        "blocks of your system prompt. target=memory is for your own notes: facts about "
-        "the environment, project conventions, lessons learned. target=user is for what "
-        "you learn about the user: name, role, preferences. action=add saves `content` as "
-        "a new entry; action=replace changes the text `old_text` (which must occur exactly "
-        "once in the target) to `new_text`, leaving the rest of its entry as it is; "
-        "action=remove deletes the one entry containing `old_text`. Keep each entry "
-        "short, one fact per entry, and correct an entry instead of adding a "
-        "contradicting one. Each target has a character budget "
-        f"({budgets}); every result shows its usage, and when a target is full, shorten "
-        "or remove entries first.",
-        SCHEMAS[MEMORY],
-    )
-    search = ToolDef(
-        SEARCH,
-        "Search your long-term memories (agent notes and user profile) for entries "
-        "relevant to a query, best first. Use it before adding, to avoid repeating an "
-        "entry, and to find the exact text to pass as old_text.",
-        SCHEMAS[SEARCH],
-    )
-    listing = ToolDef(
-        LIST,
-        "List every entry of your long-term memories with its size in characters, and "
-        f"each target's usage of its budget ({budgets}).",
-        SCHEMAS[LIST],
-    )
-    return [memory, search, listing]
 
 
 class _ArgumentError(Exception):
@@ -350,10 +219,46 @@ class Tools:
         limit = self._engine.settings(scope).policy(tier).limit_chars
         if action == "add":
             return self._add(scope, tier, limit, arguments)
+        if arguments.get("old_text") is None:
+            raise _ArgumentError(
+                f"`old_text` is required here: quote the text of the entry to {action}. "
+                + self._listing(scope, tier, action)
+            )
         old_text = self._old_text(_text(arguments, "old_text", required=True))
-        if action == "replace":
-            return self._replace(scope, tier, limit, old_text, arguments)
-        return self._remove(scope, tier, limit, old_text, arguments)
+        try:
+            if action == "replace":
+                return self._replace(scope, tier, limit, old_text, arguments)
+            return self._remove(scope, tier, limit, old_text, arguments)
+        except MatchNotFound as exc:
+            raise self._elsewhere(scope, tier, old_text, exc) from None
+
+    def _listing(self, scope: Scope, tier: Tier, action: str) -> str:
+        """The tier's entries, numbered, to choose the text to quote from."""
+        memories, _ = self._engine.list_memories(scope, [tier], "")
+        if not memories:
+            return f"{_TIER_NAMES[tier].capitalize()} has no entries to {action}"
+        lines = (f"{n}. {m.content}" for n, m in enumerate(memories, 1))
+        return (
+            f"The entries of {_TIER_NAMES[tier]}:\n"
+            + "\n".join(lines)
+            + "\nQuote part of one of them as old_text"
+        )
+
+    def _elsewhere(
+        self, scope: Scope, tier: Tier, old_text: str, exc: MatchNotFound
+    ) -> MatchNotFound:
+        """`exc`, saying so when the text is in the other target."""
+        other = Tier.USER if tier is Tier.MEMORY else Tier.MEMORY
+        try:
+            self._engine.holding(scope, other, old_text)
+        except AmbiguousMatch:
+            pass  # there too, in several entries
+        except SidecarError:
+            return exc  # not there (or not readable there): nothing to add
+        return MatchNotFound(
+            f"{exc.message}; it is in {_TIER_NAMES[other]}: call again with target={other.value}",
+            metadata={**exc.metadata, "other_target": other.value},
+        )
 
     def _add(
         self, scope: Scope, tier: Tier, limit: int, arguments: Mapping[str, Any]

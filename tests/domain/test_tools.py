@@ -292,6 +292,40 @@ def test_replace_changes_only_the_quoted_text(sidecar: Running) -> None:
     assert contents(sidecar, SCOPE) == [changed.replace("; both need VPN", "")]
 
 
+def test_text_in_the_other_target_is_pointed_to(sidecar: Running) -> None:
+    call(sidecar, "memory", action="add", target="user", content="Ada prefers dark mode")
+    response, outcome = call(
+        sidecar, "memory", action="replace", old_text="dark mode", new_text="light mode"
+    )
+    assert response.is_error
+    assert outcome["error"]["reason"] == "MATCH_NOT_FOUND"
+    assert outcome["error"]["other_target"] == "user"
+    assert "it is in user profile (target=user): call again with target=user" in response.text
+    # Where it is in neither, nothing is pointed to.
+    nowhere, outcome = call(sidecar, "memory", action="remove", old_text="Kubernetes")
+    assert "other_target" not in outcome["error"]
+    assert "call again with target" not in nowhere.text
+    assert contents(sidecar, SCOPE) == ["Ada prefers dark mode"]
+
+
+def test_a_missing_old_text_lists_the_entries_to_quote(sidecar: Running) -> None:
+    empty, _ = call(sidecar, "memory", action="remove")
+    assert "`old_text` is required here: quote the text of the entry to remove" in empty.text
+    assert empty.text.endswith("Agent notes (target=memory) has no entries to remove.")
+    for text in ("CI runs on Debian", "Deploys go through ArgoCD"):
+        call(sidecar, "memory", action="add", content=text)
+    response, outcome = call(sidecar, "memory", action="replace", new_text="Ubuntu")
+    assert response.is_error
+    assert outcome["error"]["reason"] == "ARGUMENTS_INVALID"
+    assert response.text.splitlines()[1:] == [
+        "1. CI runs on Debian",
+        "2. Deploys go through ArgoCD",
+        "Quote part of one of them as old_text.",
+    ]
+    assert "The entries of agent notes (target=memory):" in response.text.splitlines()[0]
+    assert contents(sidecar, SCOPE) == ["CI runs on Debian", "Deploys go through ArgoCD"]
+
+
 def test_old_text_twice_in_one_entry_is_refused_and_changes_nothing(sidecar: Running) -> None:
     call(sidecar, "memory", action="add", content="Ports: api 5433, replica 5433")
     response, outcome = call(sidecar, "memory", action="replace", old_text="5433", new_text="6543")
