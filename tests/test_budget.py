@@ -126,11 +126,32 @@ def test_an_over_budget_tier_may_still_shrink(make_sidecar: MakeSidecar) -> None
     grown = refused(
         tight.stub.UpdateMemory, pb.UpdateMemoryRequest(scope=SCOPE, id=big.id, content="a" * 31)
     )
-    assert error_info(grown).reason == "TIER_BUDGET_EXCEEDED"
+    # Longer than the whole (lowered) budget: no removal could make room.
+    assert error_info(grown).reason == "ENTRY_TOO_LARGE"
     shrunk = tight.stub.UpdateMemory(
         pb.UpdateMemoryRequest(scope=SCOPE, id=big.id, content="a" * 25)
     )
     assert shrunk.usage.used_chars == 25
+
+
+def test_an_entry_longer_than_the_whole_budget_has_its_own_reason(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar("defaults: {memory_char_limit: 50}")
+    running.add("x" * 10, scope=SCOPE)
+    error = refused(running.add, "y" * 51, scope=SCOPE)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(error)
+    assert info.reason == "ENTRY_TOO_LARGE"
+    assert dict(info.metadata) == {"tier": "memory", "entry_chars": "51", "limit_chars": "50"}
+    assert error.details() == (
+        "this entry is 51 characters and the whole agent notes budget is 50: "
+        "shorten it to at most 50 characters; removing entries cannot make room"
+    )
+    # An entry of exactly the budget is refused for lack of room, not size.
+    fits_alone = refused(running.add, "z" * 50, scope=SCOPE)
+    assert error_info(fits_alone).reason == "TIER_BUDGET_EXCEEDED"
+    assert [m.content for m in running.list(scope=SCOPE).memories] == ["x" * 10]
 
 
 def test_zero_means_unlimited(make_sidecar: MakeSidecar) -> None:

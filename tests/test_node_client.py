@@ -20,7 +20,7 @@ BUDGET_ERROR_INFO = {
         "tier": "memory",
         "used_chars": "40",
         "limit_chars": "2200",
-        "requested_chars": "2303",
+        "requested_chars": "2173",
     },
 }
 

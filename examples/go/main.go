@@ -105,7 +105,7 @@ func run(address string) error {
 	// Over the agent notes' budget (2,200 characters by default): refused
 	// with FAILED_PRECONDITION and a google.rpc.ErrorInfo in the details.
 	_, err = client.AddMemory(ctx, &memoryv1.AddMemoryRequest{
-		Scope: scope, Tier: memoryv1.Tier_TIER_MEMORY, Content: strings.Repeat("x", 2300),
+		Scope: scope, Tier: memoryv1.Tier_TIER_MEMORY, Content: strings.Repeat("x", 2170),
 	})
 	if err == nil {
 		say("budget", map[string]any{"refused": false})

@@ -48,7 +48,7 @@ await use("profile", "memory", { action: "add", target: "user", content: "Prefer
 await use("search", "memory_search", { query: "deploys" });
 // What the model cannot do: name a scope, or overfill a tier.
 await use("planted", "memory", { action: "add", content: "planted", agent_id: "other-agent" });
-await use("full", "memory", { action: "add", content: "x".repeat(2300) });
+await use("full", "memory", { action: "add", content: "x".repeat(2170) });
 
 try {
   await client.callTool({ name: "memory_delete_everything", arguments: {} });

@@ -77,7 +77,7 @@ async function main() {
   }
 
   try {
-    await call(client, "AddMemory", { scope, tier: "TIER_MEMORY", content: "x".repeat(2300) });
+    await call(client, "AddMemory", { scope, tier: "TIER_MEMORY", content: "x".repeat(2170) });
     say("budget", { refused: false });
   } catch (error) {
     say("budget", {

@@ -27,7 +27,7 @@ async function main() {
   const modelCalls = [
     ["memory", { action: "add", content: "Deploy target is AWS us-east-1" }],
     ["memory", { action: "add", target: "user", content: "The user prefers short answers" }],
-    ["memory", { action: "replace", old_text: "us-east-1", content: "Deploy target is AWS eu-west-1" }],
+    ["memory", { action: "replace", old_text: "us-east-1", new_text: "eu-west-1" }],
     ["memory_list", {}],
   ];
   for (const [name, args] of modelCalls) {

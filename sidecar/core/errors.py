@@ -80,6 +80,7 @@ class Reason(StrEnum):
     EDIT_CONFLICT = "EDIT_CONFLICT"
     AMBIGUOUS_MATCH = "AMBIGUOUS_MATCH"
     TIER_BUDGET_EXCEEDED = "TIER_BUDGET_EXCEEDED"
+    ENTRY_TOO_LARGE = "ENTRY_TOO_LARGE"
     TIER_DISABLED = "TIER_DISABLED"
     SIMILAR_MEMORY = "SIMILAR_MEMORY"
     DUPLICATE_CONTENT = "DUPLICATE_CONTENT"
@@ -152,7 +153,10 @@ class SidecarError(Exception):
         # A plain str, as before Reason: what reaches ErrorInfo, JSON and
         # metric labels is the value alone.
         self.reason = str(reason or self.default_reason)
-        self.metadata = {k: str(v) for k, v in (metadata or {}).items()}
+        # As given (counts stay integers: what a tool's JSON answer shows),
+        # and as ErrorInfo carries them (strings).
+        self.details: dict[str, object] = dict(metadata or {})
+        self.metadata = {k: str(v) for k, v in self.details.items()}
 
 
 class InvalidArgument(SidecarError):
@@ -240,7 +244,16 @@ class BudgetExceeded(FailedPrecondition):
 
     default_reason = Reason.TIER_BUDGET_EXCEEDED
 
-    def __init__(self, *, tier: str, label: str, used: int, limit: int, requested: int) -> None:
+    def __init__(
+        self,
+        *,
+        tier: str,
+        label: str,
+        used: int,
+        limit: int,
+        requested: int,
+        separator: int = 0,
+    ) -> None:
         free = max(limit - used, 0)
         message = (
             f"{label} at {used:,}/{limit:,} chars; this entry needs {requested:,} more "
@@ -259,6 +272,27 @@ class BudgetExceeded(FailedPrecondition):
         self.used = used
         self.limit = limit
         self.requested = requested
+        # The part of `requested` that separates a new entry from the tier's
+        # others in the frozen block (what the model's tools explain).
+        self.separator = separator
+
+
+class EntryTooLarge(BudgetExceeded):
+    """One entry longer than its tier's whole budget: no removal can make
+    room for it; only a shorter entry fits."""
+
+    default_reason = Reason.ENTRY_TOO_LARGE
+
+    def __init__(self, *, tier: str, label: str, used: int, limit: int, entry: int) -> None:
+        FailedPrecondition.__init__(
+            self,
+            f"this entry is {entry:,} characters and the whole {label} budget is "
+            f"{limit:,}: shorten it to at most {limit:,} characters; removing entries "
+            "cannot make room",
+            metadata={"tier": tier, "entry_chars": entry, "limit_chars": limit},
+        )
+        self.tier, self.used, self.limit, self.requested = tier, used, limit, entry
+        self.separator = 0
 
 
 class AmbiguousMatch(FailedPrecondition):

@@ -40,6 +40,7 @@ from sidecar.core.errors import (
     AmbiguousMatch,
     BudgetExceeded,
     EditConflict,
+    EntryTooLarge,
     FailedPrecondition,
     InvalidArgument,
     MatchNotFound,
@@ -100,6 +101,14 @@ def _text(arguments: Mapping[str, Any], name: str, *, required: bool) -> str:
     if not isinstance(value, str):
         raise _ArgumentError(f"`{name}` must be a string")
     return value
+
+
+def _separated(exc: BudgetExceeded) -> str:
+    """What of a new entry's `requested` characters is its separator."""
+    if not exc.separator:
+        return ""
+    text = exc.requested - exc.separator
+    return f" ({text:,} for the entry, {exc.separator} for the separator between entries)"
 
 
 def _replaced_once(content: str, old_text: str, new_text: str) -> str:
@@ -203,6 +212,8 @@ class Tools:
             return run(scope, arguments)
         except _ArgumentError as exc:
             return self._refused(name, str(exc), Reason.ARGUMENTS_INVALID)
+        except EntryTooLarge as exc:
+            return self._error(name, exc)
         except BudgetExceeded as exc:
             return self._full(scope, name, exc)
         except StoreError:
@@ -257,7 +268,7 @@ class Tools:
             return exc  # not there (or not readable there): nothing to add
         return MatchNotFound(
             f"{exc.message}; it is in {_TIER_NAMES[other]}: call again with target={other.value}",
-            metadata={**exc.metadata, "other_target": other.value},
+            metadata={**exc.details, "other_target": other.value},
         )
 
     def _add(
@@ -445,7 +456,7 @@ class Tools:
             text,
             {
                 "ok": False,
-                "error": {"reason": exc.reason, "message": exc.message, **exc.metadata},
+                "error": {"reason": exc.reason, "message": exc.message, **exc.details},
             },
             is_error=True,
         )
@@ -457,7 +468,8 @@ class Tools:
         free = max(exc.limit - exc.used, 0)
         lines = [
             f"Not saved: {_TIER_NAMES[tier]} is full [{exc.used:,}/{exc.limit:,} chars]. "
-            f"This needs {exc.requested:,} more characters and {free:,} are free. "
+            f"This needs {exc.requested:,} more characters{_separated(exc)} and {free:,} "
+            "are free. "
             "Current entries, with their sizes:",
             *(f"{n}. ({len(m.content):,} chars) {m.content}" for n, m in enumerate(memories, 1)),
             "Remove entries that are outdated or less useful (action=remove with old_text), "
@@ -467,7 +479,7 @@ class Tools:
             "\n".join(lines),
             {
                 "ok": False,
-                "error": {"reason": exc.reason, "message": exc.message, **exc.metadata},
+                "error": {"reason": exc.reason, "message": exc.message, **exc.details},
                 "memories": [_memory_data(m) for m in memories],
             },
             is_error=True,

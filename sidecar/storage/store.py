@@ -293,7 +293,7 @@ class Store:
                 _remember(self.tables, owner, tier, key, existing.memory_id, content, now)
                 return _unchanged(self.tables, existing, locked, purged, now)
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
-            check_budget(tier, policy, usage.used_chars, usage.used_chars + added, added)
+            check_budget(tier, policy, usage.used_chars, added, len(content))
             row = _inserted(self.tables, entry, owner, now, expires)
             _put_vector(self.tables, row.seq, content, vector)
             _remember(self.tables, owner, tier, key, row.memory_id, content, now)
@@ -554,7 +554,7 @@ def _new_content(
     # Only growth is refused: an entry may always shrink, even in
     # a tier already over a budget that was lowered after the fact.
     if delta > 0:
-        check_budget(tier, policy, usage.used_chars, usage.used_chars + delta, delta)
+        check_budget(tier, policy, usage.used_chars, delta, len(content))
     return row._replace(content=content, content_chars=len(content)), after
 
 

@@ -22,7 +22,14 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import NamedTuple
 
-from sidecar.core.errors import BudgetExceeded, CallerGone, EditConflict, FailedPrecondition, Reason
+from sidecar.core.errors import (
+    BudgetExceeded,
+    CallerGone,
+    EditConflict,
+    EntryTooLarge,
+    FailedPrecondition,
+    Reason,
+)
 from sidecar.core.memory import Memory, Scope, Tier, Usage
 
 # Whether the caller still waits for the write (False: cancelled, or past its deadline).
@@ -142,12 +149,20 @@ def require_enabled(tier: Tier, policy: TierPolicy) -> None:
         )
 
 
-def check_budget(tier: Tier, policy: TierPolicy, used: int, after: int, added: int) -> None:
-    if policy.limit_chars and after > policy.limit_chars:
-        raise BudgetExceeded(
-            tier=tier.value,
-            label=tier.label,
-            used=used,
-            limit=policy.limit_chars,
-            requested=added,
-        )
+def check_budget(tier: Tier, policy: TierPolicy, used: int, added: int, entry: int) -> None:
+    """Refuse a write that takes the tier (`used` chars) past its budget:
+    `added` chars more, for an entry of `entry` chars (the rest of `added`,
+    for a new entry, is its separator)."""
+    limit = policy.limit_chars
+    if not limit or used + added <= limit:
+        return
+    if entry > limit:
+        raise EntryTooLarge(tier=tier.value, label=tier.label, used=used, limit=limit, entry=entry)
+    raise BudgetExceeded(
+        tier=tier.value,
+        label=tier.label,
+        used=used,
+        limit=limit,
+        requested=added,
+        separator=max(added - entry, 0),
+    )

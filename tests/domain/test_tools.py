@@ -416,13 +416,48 @@ def test_an_ambiguous_old_text_lists_the_candidates_and_changes_nothing(sidecar:
 def test_a_replace_that_overflows_lists_the_entries(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar("defaults: {memory_char_limit: 40}")
     call(running, "memory", action="add", content="CI runs on Debian")
+    call(running, "memory", action="add", content="Tags by CI")
     response, outcome = call(
-        running, "memory", action="replace", old_text="Debian", new_text="x" * 60
+        running, "memory", action="replace", old_text="Debian", new_text="Debian 12 bookworm"
     )
     assert response.is_error
     assert outcome["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
+    # Counts are numbers in the data, as in `usage`.
+    assert outcome["error"]["used_chars"] == 30
+    assert outcome["error"]["requested_chars"] == 12
     assert "1. (17 chars) CI runs on Debian" in response.text
+    assert contents(running, SCOPE) == ["CI runs on Debian", "Tags by CI"]
+
+
+def test_an_entry_longer_than_the_whole_budget_says_to_shorten_it(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar("defaults: {memory_char_limit: 40}")
+    call(running, "memory", action="add", content="CI runs on Debian")
+    response, outcome = call(running, "memory", action="add", content="x" * 45)
+    assert response.is_error
+    assert response.text == (
+        "Not done: this entry is 45 characters and the whole agent notes budget is 40: "
+        "shorten it to at most 40 characters; removing entries cannot make room."
+    )
+    assert outcome["error"]["reason"] == "ENTRY_TOO_LARGE"
+    assert outcome["error"]["entry_chars"] == 45
+    assert outcome["error"]["limit_chars"] == 40
     assert contents(running, SCOPE) == ["CI runs on Debian"]
+
+
+def test_a_full_tier_explains_the_separator_in_what_an_add_needs(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar("defaults: {memory_char_limit: 30}")
+    call(running, "memory", action="add", content="CI runs on Debian")
+    response, outcome = call(running, "memory", action="add", content="Tags by CI!")
+    assert response.is_error
+    assert (
+        "This needs 14 more characters (11 for the entry, 3 for the separator between "
+        "entries) and 13 are free." in response.text
+    )
+    assert outcome["error"]["requested_chars"] == 14
 
 
 def test_a_near_duplicate_is_reported_or_refused_as_the_agent_says(

@@ -104,7 +104,8 @@ def test_errors_are_clear_and_exit_non_zero(
     assert "DeleteMemory failed: NOT_FOUND (MEMORY_NOT_FOUND): no memory with id" in err
     code, _, err = run(capsys, "add", "x" * 3000, *online(sidecar))
     assert code == 1
-    assert "TIER_BUDGET_EXCEEDED" in err
+    assert "ENTRY_TOO_LARGE" in err
+    assert "removing entries cannot make room" in err
     code, _, err = run(capsys, "list", "--address", "127.0.0.1:1", "--timeout", "2")
     assert code == 1
     assert "cannot reach memory-sidecar at 127.0.0.1:1" in err

@@ -68,7 +68,7 @@ def test_the_tools_act_in_the_daemon_in_the_command_lines_scope(
                 await client.call_tool(
                     "memory", {"action": "add", "content": "planted", "agent_id": "other"}
                 ),
-                await client.call_tool("memory", {"action": "add", "content": "x" * 70}),
+                await client.call_tool("memory", {"action": "add", "content": "x" * 50}),
             ]
 
     listed, added, search, planted, full = run(body)
