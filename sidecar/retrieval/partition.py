@@ -280,23 +280,15 @@ class Partition(Listed):
                 np.array([m.seq for m in memories], dtype=np.int64),
             ),
         )
-        confidence, recency, seq = lineage.arrays
-        return cls(
+        return cls._over_lineage(
             tier,
             owner,
             generation,
-            Column(lineage.memories),
             usage,
-            Column(lineage.findings),
-            Column(lineage.tokens),
+            lineage,
             postings,
-            confidence,
-            recency,
-            seq,
             {m.id: f for m, f in zip(memories, findings, strict=True) if f},
             sum(len(indices) for indices, _ in postings.values()),
-            lineage,
-            earliest_expiry(memories),
         )
 
     @classmethod
@@ -414,10 +406,15 @@ class Partition(Listed):
         # shares (seq may still be a view of it; a lineage whose arrays are
         # full reallocates before writing, so that view is never written).
         lineage = _Lineage(memories, findings, tokens, (confidence, recency, seq))
-        return self._with_lineage(generation, usage, lineage, postings, flagged, npostings)
+        return self._over_lineage(
+            self.tier, self.owner, generation, usage, lineage, postings, flagged, npostings
+        )
 
-    def _with_lineage(
-        self,
+    @classmethod
+    def _over_lineage(
+        cls,
+        tier: Tier,
+        owner: str,
         generation: int,
         usage: Usage,
         lineage: _Lineage,
@@ -425,12 +422,12 @@ class Partition(Listed):
         flagged: dict[str, str],
         npostings: int,
     ) -> Partition:
-        """This tier's partition over all of a lineage of its own (no other
-        partition appends to it)."""
+        """A partition over all of a lineage of its own (no other partition
+        appends to it): a fresh build, or an entry changed in place."""
         confidence, recency, seq = lineage.arrays
-        return Partition(
-            self.tier,
-            self.owner,
+        return cls(
+            tier,
+            owner,
             generation,
             Column(lineage.memories),
             usage,
