@@ -311,18 +311,17 @@ class Tools:
             edit = Edit(scope, match=old_text, tier=tier, content=content, expected=before.content)
             try:
                 memory, usage, _ = self._engine.update(edit)
+                break
             except EditConflict:
                 if attempt == _EDIT_ATTEMPTS:
                     raise
-                continue
-            outcome = self._outcome("replace", memory, usage, limit)
-            outcome["previous"] = before.content
-            return ToolResult(
-                f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now "
-                f"{memory.content!r} (was {before.content!r})",
-                outcome,
-            )
-        raise AssertionError("unreachable")  # pragma: no cover
+        outcome = self._outcome("replace", memory, usage, limit)
+        outcome["previous"] = before.content
+        return ToolResult(
+            f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now "
+            f"{memory.content!r} (was {before.content!r})",
+            outcome,
+        )
 
     def _remove(
         self, scope: Scope, tier: Tier, limit: int, old_text: str, arguments: Mapping[str, Any]
