@@ -20,7 +20,8 @@ mcp`, the daemon's gRPC API (sidecar.ops.mcp_stdio, stdio). Both answer alike.
 - Prompt `memory_context(user_message)`: the turn block for a message, as
   InjectForTurn's turn_context. A prompt because it takes the user's message
   as its argument and is asked for by the host each turn; a resource URI
-  is no place for a message.
+  is no place for a message. With nothing to add it has no message at all,
+  never one with empty text (which a model's API may refuse).
 
 The scope never comes from the model: no tool's schema has a scope field,
 and unknown arguments are refused (sidecar.domain.tools).
@@ -53,6 +54,8 @@ log = logging.getLogger("sidecar.mcp_server")
 FROZEN_BLOCK_URI = "memory://frozen-block"
 PROMPT = "memory_context"
 PROMPT_ARGUMENT = "user_message"
+# The prompt's description when it has no message (nothing relevant to add).
+NOTHING_TO_ADD = "No memories to add for this message"
 INSTRUCTIONS = (
     "Long-term memory for this agent and its user. The memory tool saves, corrects and "
     "removes entries (target memory: your notes; target user: the user's profile); "
@@ -116,7 +119,8 @@ MEMORY_CONTEXT = types.Prompt(
     name=PROMPT,
     title="Memories relevant to a message",
     description="The stored memories relevant to the user's message that the frozen block "
-    "does not show; InjectForTurn's turn_context.",
+    "does not show (InjectForTurn's turn_context), as one user message; no message at all "
+    "when there is nothing to add.",
     arguments=[
         types.PromptArgument(
             name=PROMPT_ARGUMENT, description="The user's message this turn answers.", required=True
@@ -233,6 +237,11 @@ class _Handlers:
             )
         backend = self._resolve(ctx)
         turn = await self._answer(lambda: backend.turn_context(message))
+        if not turn.strip():
+            # Nothing to add: no message, rather than one with an empty text
+            # block, which a model's API may refuse (Anthropic's does). The
+            # frozen block is not sent instead: the host has it already.
+            return types.GetPromptResult(description=NOTHING_TO_ADD, messages=[])
         return types.GetPromptResult(
             description="Memories relevant to this message",
             messages=[types.PromptMessage(role="user", content=_text(turn))],

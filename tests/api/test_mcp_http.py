@@ -367,10 +367,46 @@ def test_the_prompt_is_the_turn_block_of_the_session(make_sidecar: MakeSidecar) 
     assert [(p.name, [a.name for a in p.arguments or []]) for p in prompts] == [
         ("memory_context", ["user_message"])
     ]
-    text = prompt.messages[0].content.text
+    (text,) = no_empty_text(prompt)
     assert "ops/deploy.sh" in text
     assert "fern" not in text
     assert text == running.turn("s1", message, scope=SCOPE).turn_context
+
+
+def no_empty_text(prompt: Any) -> list[str]:
+    """The texts of a prompt's messages, none of them empty: a model's API
+    may refuse an empty text block (Anthropic's does)."""
+    texts = [text_of(m.content) for m in prompt.messages]
+    assert all(t.strip() for t in texts), texts
+    return texts
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("config", "stored"),
+    [
+        ("", []),
+        ("", ["Deploys run from ops/deploy.sh"]),
+        ("defaults: {inject_system_block: false}\n", ["Deploys run from ops/deploy.sh"]),
+    ],
+    ids=["empty-store", "all-in-the-frozen-block", "no-match"],
+)
+def test_with_nothing_to_add_the_prompt_has_no_message(
+    make_sidecar: MakeSidecar, mode: str, config: str, stored: list[str]
+) -> None:
+    running = mcp_sidecar(make_sidecar, config)
+    for content in stored:
+        running.add(content, scope=SCOPE)
+    message = "What is the weather like?"
+
+    async def body() -> Any:
+        async with connect(url(running), mode, session="s1") as client:
+            return await client.get_prompt("memory_context", {"user_message": message})
+
+    prompt = run(body)
+    assert running.turn("s1", message, scope=SCOPE).turn_context == ""
+    assert no_empty_text(prompt) == []
+    assert prompt.description == "No memories to add for this message"
 
 
 def test_unknown_resources_and_prompts_are_mcp_errors(make_sidecar: MakeSidecar) -> None:

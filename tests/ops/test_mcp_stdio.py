@@ -20,7 +20,14 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access_tokens import ADMIN, tokens_file  # noqa: F401 (a fixture)
-from tests.api.test_mcp_http import MODES, SCOPE, refused_connection, run, text_of
+from tests.api.test_mcp_http import (
+    MODES,
+    SCOPE,
+    no_empty_text,
+    refused_connection,
+    run,
+    text_of,
+)
 from tests.conftest import ROOT, MakeSidecar, contents, run_sidecar
 
 FROZEN = "memory://frozen-block"
@@ -101,7 +108,7 @@ def test_writes_through_the_bridge_refresh_frozen_blocks_as_grpc_writes_do(
             await client.call_tool("memory", {"action": "add", "content": "MCP is served too"})
             refreshed = text_of((await client.read_resource(FROZEN)).contents[0])
             prompt = await client.get_prompt("memory_context", {"user_message": "which API?"})
-            return shown, refreshed, text_of(prompt.messages[0].content)
+            return shown, refreshed, "".join(no_empty_text(prompt))
 
     shown, refreshed, turn = run(body)
     assert shown == before.system_block
@@ -109,6 +116,28 @@ def test_writes_through_the_bridge_refresh_frozen_blocks_as_grpc_writes_do(
     assert "MCP is served too" in after.system_block
     assert refreshed == after.system_block
     assert turn == after.turn_context
+
+
+@pytest.mark.parametrize(
+    "stored", [[], ["Deploys run from ops/deploy.sh"]], ids=["empty", "stored"]
+)
+def test_with_nothing_to_add_the_prompt_has_no_message(
+    make_sidecar: MakeSidecar, stored: list[str]
+) -> None:
+    # As the daemon's own listener answers (tests/api/test_mcp_http.py).
+    running = make_sidecar("defaults: {inject_system_block: false}\n")
+    for content in stored:
+        running.add(content, scope=SCOPE)
+    message = "What is the weather like?"
+
+    async def body() -> Any:
+        async with bridge(running.addresses.api, "--session-id", "s1") as client:
+            return await client.get_prompt("memory_context", {"user_message": message})
+
+    prompt = run(body)
+    assert running.turn("s1", message, scope=SCOPE).turn_context == ""
+    assert no_empty_text(prompt) == []
+    assert prompt.description == "No memories to add for this message"
 
 
 def test_under_on_compaction_the_block_waits_for_notify_compaction(
