@@ -14,18 +14,26 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import kubernetes_validate
 import pytest
 import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
+from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.api import mcp_http
 from sidecar.config import settings
 from sidecar.ops import cli
-from tests.conftest import ROOT, MakeSidecar, require_tool
+from sidecar.ops.daemon import pooled_connections
+from tests.api.test_mcp_http import run
+from tests.conftest import ROOT, MakeSidecar, contents, require_tool
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 REPLICAS = DEPLOY / "k8s-replicas"
 SEMANTIC = DEPLOY / "components" / "semantic"
+MCP = DEPLOY / "components" / "mcp"
 EXAMPLES = pytest.mark.parametrize("directory", [K8S, REPLICAS], ids=["single", "replicas"])
 # Kinds the Kubernetes schemas know; the rest (PodMonitor) are custom resources.
 CORE_KINDS = {
@@ -102,6 +110,17 @@ def sidecar_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(sidecar)
 
 
+def agent_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (agent,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(agent)
+
+
+def values(container: dict[str, Any]) -> dict[str, str]:
+    """A container's environment variables that have a value of their own."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
 @EXAMPLES
 @pytest.mark.parametrize("version", ["1.29.0", kubernetes_validate.latest_version()])
 def test_core_manifests_match_the_kubernetes_schemas(directory: Path, version: str) -> None:
@@ -149,7 +168,12 @@ def test_the_commented_components_render_when_uncommented(directory: Path, tmp_p
     docs = _kustomize(copy / directory.name)
     kinds = {d["kind"] for d in docs}
     assert {"PodMonitor", "NetworkPolicy"} <= kinds
-    assert sidecar_of(docs)["image"].startswith("memory-sidecar-semantic:")
+    # Both image components: the later one's name, which the README says to
+    # point at one image with both extras (test_semantic_and_mcp_share_an_image).
+    assert sidecar_of(docs)["image"].startswith("memory-sidecar-mcp:")
+    assert {"MEMORY_SIDECAR_SEMANTIC_ENCODER", "MEMORY_SIDECAR_MCP_LISTEN"} <= set(
+        values(sidecar_of(docs))
+    )
 
 
 def test_both_examples_can_share_a_namespace() -> None:
@@ -204,6 +228,124 @@ def test_the_semantic_component_swaps_the_image_and_makes_room(directory: Path) 
     # Everything else of the container is kept (the patch merges).
     assert semantic["ports"] == plain["ports"]
     assert semantic["securityContext"] == plain["securityContext"]
+
+
+def _sidecar_config(docs: list[dict[str, Any]], files: Path) -> settings.Config:
+    """The configuration the rendered sidecar container loads: its ConfigMap's
+    file and its environment (Secrets' values in place); every file the
+    config names exists under `files` (test_replicas_share_... checks which
+    Secret mounts each)."""
+    sidecar = sidecar_of(docs)
+    environ = values(sidecar)
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    for variable in sidecar.get("env", []):
+        ref = variable.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            environ[variable["name"]] = secrets[ref["name"]]["stringData"][ref["key"]]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    for path in re.findall(r"_file: /(\S+)", configmap["data"]["config.yaml"]):
+        (files / path).parent.mkdir(parents=True, exist_ok=True)
+        (files / path).write_text("placeholder\n")
+    return _config(environ=environ, files=files, configmap=configmap)
+
+
+@EXAMPLES
+def test_the_mcp_component_serves_the_agent_on_loopback(directory: Path, tmp_path: Path) -> None:
+    plain_docs, docs = _kustomize(directory), rendered(directory, MCP)
+    plain, sidecar = sidecar_of(plain_docs), sidecar_of(docs)
+    assert sidecar["image"] == "memory-sidecar-mcp:0.1.0"
+    # The rendered configuration, as the daemon loads it: MCP on the pod's
+    # loopback (so no token is needed), and only with the component.
+    cfg = _sidecar_config(docs, tmp_path)
+    assert cfg.server.mcp_listen == "127.0.0.1:8765"
+    assert settings.is_loopback(cfg.server.mcp_listen)
+    assert _sidecar_config(plain_docs, tmp_path).server.mcp_listen == ""
+    port = int(cfg.server.mcp_listen.rpartition(":")[2])
+
+    # The agent's URL names that listener and the path it serves; its
+    # headers name the scope as the listener reads it.
+    agent = values(agent_of(docs))
+    url = urllib.parse.urlsplit(agent["MEMORY_SIDECAR_MCP_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("http", "127.0.0.1", port)
+    assert url.path == mcp_http.PATH
+    headers = json.loads(agent["MEMORY_SIDECAR_MCP_HEADERS"])
+    assert {name.lower() for name in headers} == {mcp_http.AGENT_HEADER}
+    assert headers["X-Memory-Agent-Id"]
+    # The agent's own environment is kept (the patch merges).
+    assert agent["MEMORY_SIDECAR_ADDRESS"] == cfg.server.listen
+
+    # On loopback the port is not declared; the rest of the container is kept.
+    assert sidecar["ports"] == plain["ports"]
+    assert port not in {p["containerPort"] for p in sidecar["ports"]}
+    for key in ("args", "securityContext", "resources", "startupProbe", "volumeMounts"):
+        assert sidecar[key] == plain[key]
+    assert set(values(sidecar)) - set(values(plain)) == {"MEMORY_SIDECAR_MCP_LISTEN"}
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    kubernetes_validate.validate(deployment, "1.29.0", strict=True)
+
+
+@EXAMPLES
+def test_with_mcp_the_memory_limit_still_holds_the_promised_tier(directory: Path) -> None:
+    figures = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    readme = (DEPLOY / "README.md").read_text()
+    (serving_mcp,) = re.findall(r"Serving MCP adds about (\d+) MiB resident", readme)
+    needed = figures["idle_rss_mib"] + int(serving_mcp) + figures["tier_rss_growth_mib"]["100000"]
+    limit = sidecar_of(rendered(directory, MCP))["resources"]["limits"]["memory"]
+    assert _mebibytes(limit) >= needed
+
+
+def test_replicas_with_mcp_leave_postgresql_room_for_the_larger_pool(tmp_path: Path) -> None:
+    docs = rendered(REPLICAS, MCP)
+    cfg = _sidecar_config(docs, tmp_path)
+    # Each MCP worker thread pools a connection too; plus the listener.
+    per_replica = pooled_connections(cfg.server) + 1
+    assert per_replica == 2 * cfg.server.max_workers + 4 + 1
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pods = (
+        deployment["spec"]["replicas"] + deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+    )
+    cluster = yaml.safe_load((REPLICAS / "cnpg-cluster.yaml").read_text())
+    allowed = int(cluster["spec"]["postgresql"]["parameters"]["max_connections"])
+    assert allowed >= pods * per_replica + 10
+
+
+def test_semantic_and_mcp_share_one_image_with_both_extras() -> None:
+    # deploy/README.md: both components, one image built with both extras.
+    both = "".join(
+        f"  - name: {name}\n    newName: registry.example/ms-all\n"
+        for name in ("memory-sidecar-semantic", "memory-sidecar-mcp")
+    )
+    sidecar = sidecar_of(rendered(K8S, SEMANTIC, MCP, images="images:\n" + both))
+    assert sidecar["image"] == "registry.example/ms-all:0.1.0"
+    assert {"MEMORY_SIDECAR_SEMANTIC_ENCODER", "MEMORY_SIDECAR_MCP_LISTEN"} <= set(values(sidecar))
+    assert sidecar["resources"] == sidecar_of(rendered(K8S, SEMANTIC))["resources"]
+
+
+def test_the_agent_reaches_its_scope_with_the_components_url_and_headers(
+    make_sidecar: MakeSidecar,
+) -> None:
+    agent = values(agent_of(rendered(K8S, MCP)))
+    url = urllib.parse.urlsplit(agent["MEMORY_SIDECAR_MCP_URL"])
+    # What the runtime adds per conversation: the user's id.
+    headers = json.loads(agent["MEMORY_SIDECAR_MCP_HEADERS"]) | {"X-Memory-User-Id": "ada"}
+    # Port 0 rather than the rendered 8765, which may be taken on this machine.
+    running = make_sidecar(mcp_listen="127.0.0.1:0")
+    assert running.addresses.mcp is not None
+    served = urllib.parse.urlsplit(running.addresses.mcp)
+    target = urllib.parse.urlunsplit((url.scheme, served.netloc, url.path, "", ""))
+
+    async def body() -> Any:
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            Client(streamable_http_client(target, http_client=http)) as client,
+        ):
+            return await client.call_tool(
+                "memory", {"action": "add", "content": "Ships on Fridays"}
+            )
+
+    assert not run(body).is_error
+    scope = pb.Scope(agent_id=headers["X-Memory-Agent-Id"], user_id="ada")
+    assert contents(running, scope) == ["Ships on Fridays"]
 
 
 @EXAMPLES
@@ -312,11 +454,15 @@ def test_podmonitor_scrapes_the_metrics_port_of_the_pod() -> None:
 
 
 def _config(
-    directory: Path = K8S, environ: dict[str, str] | None = None, files: Path | None = None
+    directory: Path = K8S,
+    environ: dict[str, str] | None = None,
+    files: Path | None = None,
+    configmap: dict[str, Any] | None = None,
 ) -> settings.Config:
     """The ConfigMap's config.yaml as the sidecar loads it; `files` stands
-    in for the root of the container's filesystem (mounted Secrets)."""
-    text = by_kind("ConfigMap", directory)["data"]["config.yaml"]
+    in for the root of the container's filesystem (mounted Secrets). The
+    example's ConfigMap, unless `configmap` (a rendered one) is given."""
+    text = (configmap or by_kind("ConfigMap", directory))["data"]["config.yaml"]
     if files is not None:
         text = re.sub(r"(_file: )/", rf"\1{files}/", text)
     with tempfile.TemporaryDirectory(prefix="deploy-config-") as where:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.config.settings import Config
+from sidecar.config.settings import Config, ServerSettings
 from sidecar.core.clock import Clock, system_clock
 from sidecar.core.errors import StoreError
 from sidecar.ops.startup import wait_for_database
@@ -57,6 +57,14 @@ def setup_logging(level: str) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def pooled_connections(server: ServerSettings) -> int:
+    """The store's pool at most: db_pool_size, or by default one connection
+    per RPC worker (and per MCP worker thread: as many again), and a few
+    for start-up and tools. On PostgreSQL the change feed's listener takes
+    one more."""
+    return server.db_pool_size or server.max_workers * (2 if server.mcp_listen else 1) + 4
+
+
 def open_store(
     config: Config, metrics: Metrics | None = None, clock: Clock = system_clock
 ) -> Store:
@@ -74,10 +82,7 @@ def open_store(
         password=server.db_password,
         synchronous=server.durability,
         busy_timeout_ms=server.busy_timeout_ms,
-        # By default one connection per RPC worker (and per MCP worker
-        # thread: as many again), and a few for start-up and tools.
-        max_connections=server.db_pool_size
-        or server.max_workers * (2 if server.mcp_listen else 1) + 4,
+        max_connections=pooled_connections(server),
         pool_idle_seconds=server.db_pool_idle_seconds,
         on_query=metrics.db_query if metrics else None,
         expiry_batch=server.expiry_sweep_batch,
