@@ -63,7 +63,13 @@ const prompt = await client.getPrompt({
   name: "memory_context",
   arguments: { user_message: "How do I deploy?" },
 });
-say("prompt", { role: prompt.messages[0].role, text: prompt.messages[0].content.text });
+// No message at all when the frozen block already shows everything relevant
+// (never one with empty text, which a model's API may refuse): a host
+// appends the messages as they are.
+say("prompt", {
+  description: prompt.description,
+  messages: prompt.messages.map((m) => ({ role: m.role, text: m.content.text })),
+});
 
 // Ending the MCP session ends the daemon's runtime session (its snapshot).
 await transport.terminateSession();
