@@ -315,9 +315,9 @@ class MemoryFiles:
         checked("new_str", new, self._limits.content_chars, multiline=True)
         for attempt in range(1, _EDIT_ATTEMPTS + 1):
             file = self._file(scope, tier)
-            index, start, end = self._located(scope, file, old, new)
+            index, start, end, made = self._located(scope, file, old, new)
             try:
-                return self._edit(scope, file, index, start, end, new)
+                return self._edit(scope, file, index, start, end, made)
             except EditConflict:
                 if attempt == _EDIT_ATTEMPTS:
                     raise
@@ -355,8 +355,10 @@ class MemoryFiles:
 
     # --- str_replace's steps --------------------------------------------------
 
-    def _located(self, scope: Scope, file: _File, old: str, new: str) -> tuple[int, int, int]:
-        """The entry `old` is in, once in the whole file, and where in it."""
+    def _located(self, scope: Scope, file: _File, old: str, new: str) -> tuple[int, int, int, str]:
+        """The entry `old` changes, once in the whole file; where in it, and
+        to what. What `old` and `new` share at either end is not a change
+        ("a\\nb" to "a\\nB" edits the second entry alone)."""
         text = file.text
         count = text.count(old)
         if count == 0:
@@ -372,15 +374,16 @@ class MemoryFiles:
                 Reason.AMBIGUOUS_MATCH,
                 lines=lines,
             )
-        at = text.find(old)
-        spans = file.spans()
-        for index, (start, end) in enumerate(spans):
+        found = text.find(old)
+        shared, old, new = _changed(old, new)
+        at = found + shared
+        for index, (start, end) in enumerate(file.spans()):
             if start <= at and at + len(old) <= end:
-                return index, at - start, at - start + len(old)
+                return index, at - start, at - start + len(old), new
             whole = (at, at + len(old)) in ((start, end + 1), (start - 1, end))
             if whole and not new:
                 # A whole line and its line break, to nothing: the entry goes.
-                return index, 0, end - start
+                return index, 0, end - start, new
         first = text.count("\n", 0, at) + 1
         last = first + old.count("\n")
         raise _Refused(
@@ -572,3 +575,16 @@ def _error(text: str, reason: str, message: str, details: Mapping[str, object]) 
         {"ok": False, "error": {"reason": reason, "message": message, **details}},
         is_error=True,
     )
+
+
+def _changed(old: str, new: str) -> tuple[int, str, str]:
+    """`old` -> `new` less what they share at either end: how many leading
+    characters were shared, and what is left of each."""
+    shortest = min(len(old), len(new))
+    head = 0
+    while head < shortest and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < shortest - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    return head, old[head : len(old) - tail], new[head : len(new) - tail]

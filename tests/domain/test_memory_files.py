@@ -324,6 +324,21 @@ def test_str_replace_to_nothing_removes_the_entry(sidecar: Running) -> None:
     assert contents(sidecar, SCOPE) == []
 
 
+def test_what_old_str_and_new_str_share_is_not_a_change(sidecar: Running) -> None:
+    notes(sidecar, "Repo uses uv", "CI runs on Debian", "Deploys go through ArgoCD")
+    # Whole lines with their line breaks, as models quote them: each edit
+    # changes one entry, though old_str spans two or three lines.
+    text, is_error, _ = run(sidecar, replace(NOTES, "CI runs on Debian\n", "CI runs on Ubuntu\n"))
+    assert not is_error, text
+    text, is_error, _ = run(sidecar, replace(NOTES, "uv\nCI runs", "uv\nCI now runs"))
+    assert not is_error, text
+    text, is_error, _ = run(
+        sidecar, replace(NOTES, "uv\nCI now runs on Ubuntu\nDeploys", "uv\nDeploys")
+    )
+    assert not is_error, text
+    assert contents(sidecar, SCOPE) == ["Repo uses uv", "Deploys go through ArgoCD"]
+
+
 def test_str_replace_errors_are_the_reference_implementations(sidecar: Running) -> None:
     notes(sidecar, "CI runs on Debian", "Staging runs on Debian too", "Prod runs on Alpine")
     sidecar.add("Ada prefers dark mode", scope=SCOPE, tier=pb.TIER_USER)
@@ -342,7 +357,9 @@ def test_str_replace_errors_are_the_reference_implementations(sidecar: Running) 
     # In the other file: it says so.
     text, reason = refusal(sidecar, replace(NOTES, "dark mode", "light mode"))
     assert text.endswith(" It is in /memories/user.md: call str_replace with that path.")
-    text, reason = refusal(sidecar, replace(NOTES, "Debian too\nProd", "Debian\nProd"))
+    text, reason = refusal(
+        sidecar, replace(NOTES, "Debian too\nProd runs", "Debian too; Prod runs")
+    )
     assert text.startswith(
         "No replacement was performed: old_str spans lines 2-3 of /memories/notes.md, which "
         "belong to different entries"
