@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -91,7 +92,7 @@ def bench_tool_calls(report: Report, work: Path, corpus: Corpus, size: int, coun
 _FILE_ENTRIES = 24
 
 
-def _call(stub: pb_grpc.MemoryServiceStub, name: str, arguments: dict[str, object]) -> None:
+def _call(stub: pb_grpc.MemoryServiceStub, name: str, arguments: Mapping[str, object]) -> None:
     answer = stub.CallTool(
         pb.CallToolRequest(
             scope=SCOPE, session_id="bench", name=name, arguments_json=json.dumps(arguments)
