@@ -3,23 +3,12 @@
 A runtime that declares Anthropic's memory tool (`{"type": "memory_20250818",
 "name": "memory"}`) hands each of Claude's `tool_use` inputs to CallTool as
 it is (name `memory_20250818`), and returns the text as the `tool_result`.
-The model sees a directory, `/memories`, of two files:
-
-- `/memories/notes.md`: the agent-notes tier; `/memories/user.md`: the user
-  profile. A file's text is its tier's entries in order, one after another,
-  each on its own line (an entry holding line breaks takes several lines).
-- `view` lists the directory, or shows a file with line numbers
-  (`view_range` for some of them); `create` fills an empty file, each
-  non-blank line of `file_text` an entry (a file with entries already
-  exists); `insert` adds each non-blank line of `insert_text` as an entry,
-  at the end (a tier keeps its entries in the order they were saved);
-  `str_replace` edits the one entry holding `old_str` (unique in the file),
-  and removes the entry when nothing is left of it; `delete` and `rename`
-  are refused for the two files and the directory (they always exist, by
-  those names). Any other path under /memories does not exist, and cannot
-  be created: the texts name the two files.
-- Paths outside /memories (`..`, `.`, a `%`-escape, a backslash, another
-  root) are refused.
+The model sees a directory, `/memories`, of two files: `notes.md` is the
+agent-notes tier, `user.md` the user profile, each entry on its own line in
+the order saved. `view`, `create` (an empty file), `str_replace` (in one
+entry) and `insert` (at the end) act on the tiers; `delete`, `rename`, any
+other path and any path outside /memories are refused, with a text naming
+the two files. docs/API.md says what each command does, exactly.
 
 The output and error texts follow Anthropic's reference implementation of
 this tool for implementers, the Python SDK's `BetaLocalFilesystemMemoryTool`
@@ -153,7 +142,7 @@ def _integer(value: object, name: str) -> int:
     return value
 
 
-def memory_path(value: object, name: str = "path") -> str:
+def _memory_path(value: object, name: str = "path") -> str:
     """`value` as a path under /memories, normalised ("/memories/" is the
     directory, "//" one "/"); refused when it leads anywhere else."""
     if not isinstance(value, str):
@@ -236,7 +225,7 @@ class MemoryFiles:
     # --- the commands -------------------------------------------------------
 
     def _view(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        path = memory_path(arguments.get("path"))
+        path = _memory_path(arguments.get("path"))
         if path == ROOT:
             files = [self._file(scope, tier) for tier in Tier]
             lines = [f"{_size(''.join(f.text for f in files))}\t{ROOT}"]
@@ -255,7 +244,7 @@ class MemoryFiles:
         return f"{head}\n{_numbered(lines, first)}" if lines else head
 
     def _create(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        path = memory_path(arguments.get("path"))
+        path = _memory_path(arguments.get("path"))
         text = _string(arguments, "file_text")
         if path == ROOT:
             raise _Refused(f"{ROOT} is a directory. {_THE_FILES}.", Reason.NOT_A_FILE, path=path)
@@ -278,7 +267,7 @@ class MemoryFiles:
         return f"File created successfully at: {path}"
 
     def _insert(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        file = self._file(scope, self._tier(memory_path(arguments.get("path"))))
+        file = self._file(scope, self._tier(_memory_path(arguments.get("path"))))
         line = _integer(arguments.get("insert_line"), "insert_line")
         text = _string(arguments, "insert_text")
         count = len(file.lines())
@@ -302,7 +291,7 @@ class MemoryFiles:
         return answer
 
     def _str_replace(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        path = memory_path(arguments.get("path"))
+        path = _memory_path(arguments.get("path"))
         tier = self._tier(path)
         old, new = _string(arguments, "old_str"), _string(arguments, "new_str")
         if not old:
@@ -317,14 +306,23 @@ class MemoryFiles:
             file = self._file(scope, tier)
             index, start, end, made = self._located(scope, file, old, new)
             try:
-                return self._edit(scope, file, index, start, end, made)
+                after = self._edited(scope, file, index, start, end, made)
+                break
             except EditConflict:
                 if attempt == _EDIT_ATTEMPTS:
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        if not after.memories:
+            return f"The memory file has been edited. {path} is now empty."
+        # The changed line, and two either side, as the file is now.
+        line = file.text.count("\n", 0, file.spans()[index][0] + start)
+        first = max(0, line - 2)
+        return (
+            "The memory file has been edited. Here is the snippet showing the change (with "
+            "line numbers):\n" + _numbered(after.lines()[first : line + 3], first + 1)
+        )
 
     def _delete(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        path = memory_path(arguments.get("path"))
+        path = _memory_path(arguments.get("path"))
         if path == ROOT:
             raise _Refused(
                 f"Cannot delete the {ROOT} directory itself", Reason.FILE_FIXED, path=path
@@ -341,8 +339,8 @@ class MemoryFiles:
         )
 
     def _rename(self, scope: Scope, arguments: Mapping[str, Any]) -> str:
-        old = memory_path(arguments.get("old_path"), "old_path")
-        memory_path(arguments.get("new_path"), "new_path")
+        old = _memory_path(arguments.get("old_path"), "old_path")
+        _memory_path(arguments.get("new_path"), "new_path")
         if old == ROOT or old in FILES:
             raise _Refused(
                 f"Cannot rename {old}: the memory files have fixed names. {_THE_FILES}.",
@@ -408,28 +406,22 @@ class MemoryFiles:
             text += f" It is in {_PATHS[other]}: call str_replace with that path."
         return _Refused(text, Reason.MATCH_NOT_FOUND, path=file.path)
 
-    def _edit(self, scope: Scope, file: _File, index: int, start: int, end: int, new: str) -> str:
-        """Entry `index` with [start, end) of it made `new`, written only if
-        it still says what it said; removed when nothing is left of it."""
+    def _edited(
+        self, scope: Scope, file: _File, index: int, start: int, end: int, new: str
+    ) -> _File:
+        """`file` with [start, end) of entry `index` made `new`: written only
+        if the entry still says what it said (EditConflict otherwise), and
+        removed when nothing is left of it."""
         before = file.memories[index]
         content = before.content[:start] + new + before.content[end:]
         memories = list(file.memories)
         if content.strip():
-            content = clean_content(content)
-            edit = Edit(scope, before.id, content=content, expected=before.content)
+            edit = Edit(scope, before.id, content=clean_content(content), expected=before.content)
             memories[index], _usage, _ = self._engine.update(edit)
         else:
             self._engine.delete(scope, before.id)
             del memories[index]
-        line = file.text.count("\n", 0, file.spans()[index][0] + start)
-        lines = _File(file.path, file.tier, memories).lines()
-        if not lines:
-            return f"The memory file has been edited. {file.path} is now empty."
-        first = max(0, line - 2)
-        return (
-            "The memory file has been edited. Here is the snippet showing the change (with "
-            "line numbers):\n" + _numbered(lines[first : line + 3], first + 1)
-        )
+        return _File(file.path, file.tier, memories)
 
     # --- helpers ------------------------------------------------------------
 
