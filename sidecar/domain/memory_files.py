@@ -448,7 +448,7 @@ class MemoryFiles:
                 argument=name,
             )
         for line in lines:
-            checked(name, line, self._limits.content_chars)
+            checked(name, line, self._limits.content_chars, multiline=True)
         if len(lines) > 1:
             self._check_budget(scope, file.tier, lines)
         for line in lines:

@@ -260,9 +260,10 @@ def test_create_fills_an_empty_tier_one_entry_per_line(sidecar: Running) -> None
         "then add lines with insert or change them with str_replace."
     )
     assert reason == "FILE_EXISTS"
-    text, is_error, _ = run(sidecar, create(USER, "Ada likes terse answers"))
+    # CRLF line ends and tabs, as some editors write them.
+    text, is_error, _ = run(sidecar, create(USER, "Ada likes terse answers\r\n\tand tea\r\n"))
     assert not is_error
-    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == ["Ada likes terse answers"]
+    assert contents(sidecar, SCOPE, tier=pb.TIER_USER) == ["Ada likes terse answers", "and tea"]
 
 
 def test_other_paths_under_memories_do_not_exist_and_cannot_be_made(sidecar: Running) -> None:
