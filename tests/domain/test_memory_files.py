@@ -11,8 +11,10 @@ test.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
+import anthropic
 import jsonschema
 import pytest
 from anthropic.lib.tools import BetaAbstractMemoryTool
@@ -23,6 +25,8 @@ from anthropic.types.beta import (
     BetaMemoryTool20250818RenameCommand,
     BetaMemoryTool20250818StrReplaceCommand,
     BetaMemoryTool20250818ViewCommand,
+    BetaTextBlock,
+    BetaToolUseBlock,
 )
 from pydantic import BaseModel
 from typing_extensions import override
@@ -32,7 +36,7 @@ from sidecar.config.settings import Config
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.tools import Tools
 from sidecar.storage.writes import Edit, NewEntry
-from tests.conftest import MakeEngine, MakeSidecar, Running, contents
+from tests.conftest import ROOT, MakeEngine, MakeSidecar, Running, contents
 
 pytestmark = pytest.mark.contract
 
@@ -513,3 +517,74 @@ def test_an_edit_raced_by_another_writer_is_computed_again(make_engine: MakeEngi
     assert raced == ["api on port 5433, cache on port 6379!"]
     memories, _ = read(scope, [Tier.MEMORY], "")
     assert [m.content for m in memories] == ["api on port 5434, cache on port 6379!"]
+
+
+class _Replies:
+    """Stands in for `anthropic.Anthropic()` in docs/API.md's loop: each
+    create() answers the next scripted content, built of the SDK's blocks,
+    and keeps what it was sent."""
+
+    def __init__(self, replies: list[list[BetaToolUseBlock | BetaTextBlock]]) -> None:
+        self.replies = replies
+        self.requests: list[dict[str, Any]] = []
+        self.beta = SimpleNamespace(messages=SimpleNamespace(create=self.create))
+
+    def create(self, **request: Any) -> SimpleNamespace:
+        # A copy: the loop appends to the same list afterwards.
+        self.requests.append({**request, "messages": list(request["messages"])})
+        return SimpleNamespace(content=self.replies[len(self.requests) - 1])
+
+
+def test_the_python_loop_in_the_api_docs_runs(
+    sidecar: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = (ROOT / "docs" / "API.md").read_text()
+    loop = api[api.index("**The loop in Python**") :]
+    code = loop[loop.index("```python\n") + len("```python\n") : loop.index("```\n\nWith")]
+    code = code.replace("127.0.0.1:50051", sidecar.addresses.api)
+    replies = _Replies(
+        [
+            [
+                BetaToolUseBlock(
+                    id="toolu_1",
+                    type="tool_use",
+                    name="memory",
+                    input={"command": "view", "path": "/memories/notes.md"},
+                )
+            ],
+            [
+                BetaTextBlock(type="text", text="Noted."),
+                BetaToolUseBlock(
+                    id="toolu_2",
+                    type="tool_use",
+                    name="memory",
+                    input={
+                        "command": "insert",
+                        "path": "/memories/notes.md",
+                        "insert_line": 0,
+                        "insert_text": "We deploy to eu-west-1",
+                    },
+                ),
+            ],
+            [BetaTextBlock(type="text", text="Saved.")],
+        ]
+    )
+    monkeypatch.setattr(anthropic, "Anthropic", lambda: replies)
+    exec(compile(code, "docs/API.md", "exec"), {})
+    assert [r["tools"] for r in replies.requests] == [
+        [{"type": "memory_20250818", "name": "memory"}]
+    ] * 3
+    first, second = replies.requests[1]["messages"][-1], replies.requests[2]["messages"][-1]
+    assert first == {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": "Here's the content of /memories/notes.md with line numbers:",
+                "is_error": False,
+            }
+        ],
+    }
+    assert second["content"][0]["content"] == "The file /memories/notes.md has been edited."
+    assert contents(sidecar, SCOPE) == ["We deploy to eu-west-1"]
