@@ -493,6 +493,22 @@ def test_a_full_tier_says_what_it_holds_and_saves_none_of_several_lines(
     assert text.startswith("Not saved: this entry is 61 characters and the whole agent notes")
 
 
+def test_a_similar_entry_is_refused_as_the_agents_policy_says(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar("agents: {strict: {similar_writes: refuse}}")
+    strict = pb.Scope(agent_id="strict", user_id="bob")
+    running.add("Deploys go through ArgoCD", scope=strict)
+    arguments = insert(NOTES, 1, "Deploys go via ArgoCD").model_dump()
+    text, is_error, outcome = send(running, arguments, scope=strict)
+    assert is_error
+    assert text == (
+        "Not saved: /memories/notes.md already holds a similar entry: 'Deploys go through "
+        "ArgoCD'. If the new text corrects it, str_replace the words that changed; if it "
+        "says the same, it is already saved."
+    )
+    assert outcome["error"]["reason"] == "SIMILAR_MEMORY"
+    assert contents(running, strict) == ["Deploys go through ArgoCD"]
+
+
 def test_an_edit_raced_by_another_writer_is_computed_again(make_engine: MakeEngine) -> None:
     # Another writer changes the entry between the tool's read and its write:
     # the write is refused (Edit.expected), the tool reads again, and both
