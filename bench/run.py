@@ -42,7 +42,7 @@ from bench.resident_memory import bench_memory
 from bench.retrieval_quality import bench_retrieval
 from bench.search import bench_search
 from bench.semantic import bench_semantic
-from bench.tool_calls import bench_tool_calls
+from bench.tool_calls import bench_claude_memory_tool, bench_tool_calls
 from bench.turns import bench_floor_and_cached_turn
 from bench.watch_delay import bench_watch_delay
 from bench.writes import bench_writes
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if 16 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_tool_calls(report, Path(tmp), corpus, 1000, 200 if quick else 2000)
+            bench_claude_memory_tool(report, Path(tmp), 200 if quick else 2000)
     if 17 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_mcp_calls(report, Path(tmp), corpus, 1000, 200 if quick else 2000)

@@ -93,3 +93,49 @@ def test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool(
         "Deploy target is AWS eu-west-1",
         "The user prefers short answers",
     ]
+
+
+def test_node_drives_claudes_memory_tool_through_the_sdks_helper(
+    make_sidecar: MakeSidecar,
+) -> None:
+    # examples/node/claude_memory.js: @anthropic-ai/sdk's betaMemoryTool parses
+    # each tool_use input and its handlers forward the command to CallTool.
+    running = make_sidecar()
+    steps = run_example("claude_memory.js", running.addresses.api)
+    declaration = {"type": "memory_20250818", "name": "memory"}
+    assert steps[0] == {"step": "declaration", "listed": declaration, "sdk": declaration}
+    results = [s["tool_result"] for s in steps[1:]]
+    assert [r["tool_use_id"] for r in results] == [f"toolu_{n}" for n in range(8)]
+    assert [r["is_error"] for r in results] == [False] * 5 + [True] * 3
+    texts = [r["content"] for r in results]
+    assert texts[0].splitlines() == [
+        "Here're the files and directories up to 2 levels deep in /memories, excluding hidden "
+        "items:",
+        "0B\t/memories",
+        "0B\t/memories/notes.md",
+        "0B\t/memories/user.md",
+    ]
+    assert texts[1] == "File created successfully at: /memories/notes.md"
+    assert texts[2].splitlines() == [
+        "The memory file has been edited. Here is the snippet showing the change (with line "
+        "numbers):",
+        "     1\tDeploy target is AWS eu-west-1",
+        "     2\tCI runs on Debian",
+    ]
+    assert texts[3] == "The file /memories/user.md has been edited."
+    assert texts[4] == (
+        "Here's the content of /memories/notes.md with line numbers:\n"
+        "     1\tDeploy target is AWS eu-west-1"
+    )
+    assert texts[5] == (
+        "No replacement was performed, old_str `Windows` did not appear verbatim in "
+        "/memories/notes.md."
+    )
+    assert texts[6].startswith("Cannot delete /memories/notes.md: the two memory files")
+    assert texts[7] == "Path /memories/../etc/passwd would escape /memories directory"
+    listed = running.list(scope=pb.Scope(agent_id="node-agent", user_id="node-user"))
+    assert [m.content for m in listed.memories] == [
+        "Deploy target is AWS eu-west-1",
+        "CI runs on Debian",
+        "The user prefers short answers",
+    ]

@@ -68,8 +68,8 @@ from sidecar.core.errors import InvalidArgument, PermissionDenied, Reason, Sidec
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Scope
 from sidecar.core.metrics import Metrics
-from sidecar.domain.tool_definitions import SCHEMAS, ToolDef
-from sidecar.domain.tools import ToolResult, Tools
+from sidecar.domain.tool_definitions import SCHEMAS, ToolDef, ToolResult
+from sidecar.domain.tools import Tools
 
 if TYPE_CHECKING:
     import socket

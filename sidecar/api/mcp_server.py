@@ -46,8 +46,7 @@ from mcp.shared.exceptions import MCPError
 
 from sidecar import __version__
 from sidecar.core.errors import SidecarError
-from sidecar.domain.tool_definitions import LIST, MEMORY, SCHEMAS, SEARCH, ToolDef
-from sidecar.domain.tools import ToolResult
+from sidecar.domain.tool_definitions import LIST, MEMORY, SCHEMAS, SEARCH, ToolDef, ToolResult
 
 log = logging.getLogger("sidecar.mcp_server")
 

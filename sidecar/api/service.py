@@ -35,6 +35,7 @@ from sidecar.core.limits import Limits, checked, counted
 from sidecar.core.memory import Memory, Scope, Tier, Usage, check_confidence, clean_content
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.expiry import Requested
+from sidecar.domain.tool_definitions import ToolDef
 from sidecar.domain.tools import Tools, arguments_of
 from sidecar.domain.turns import Injection
 from sidecar.storage.writes import Edit, NewEntry
@@ -121,6 +122,17 @@ def usage_pb(tier: Tier, usage: Usage, settings: AgentSettings) -> pb.TierUsage:
 # A turn's usage repeats until the next write: keep recent messages around
 # (protobuf copies them into each response).
 _usage_pb_cached = functools.lru_cache(maxsize=1024)(usage_pb)
+
+
+def _tool_pb(tool: ToolDef) -> pb.Tool:
+    return pb.Tool(
+        name=tool.name,
+        description=tool.description,
+        input_schema_json=json.dumps(tool.input_schema),
+        openai_json=json.dumps(tool.openai()),
+        anthropic_json=json.dumps(tool.anthropic()),
+    )
+
 
 _STRATEGIES = {
     pb.KEYWORD_STRATEGY_UNSPECIFIED: "",
@@ -473,16 +485,8 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
     def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
         scope = self._scope(request.scope)
         return pb.ListToolsResponse(
-            tools=[
-                pb.Tool(
-                    name=tool.name,
-                    description=tool.description,
-                    input_schema_json=json.dumps(tool.input_schema),
-                    openai_json=json.dumps(tool.openai()),
-                    anthropic_json=json.dumps(tool.anthropic()),
-                )
-                for tool in self._tools.definitions(scope)
-            ]
+            tools=[_tool_pb(tool) for tool in self._tools.definitions(scope)],
+            claude_memory_tool=_tool_pb(self._tools.claude_memory_tool()),
         )
 
     def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:

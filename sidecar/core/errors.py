@@ -91,6 +91,14 @@ class Reason(StrEnum):
     # The model's tools.
     TOOL_UNKNOWN = "TOOL_UNKNOWN"
     ARGUMENTS_INVALID = "ARGUMENTS_INVALID"
+    # Claude's memory tool (memory_20250818): its paths and lines.
+    PATH_OUTSIDE_MEMORIES = "PATH_OUTSIDE_MEMORIES"
+    PATH_NOT_FOUND = "PATH_NOT_FOUND"
+    NOT_A_FILE = "NOT_A_FILE"
+    FILE_EXISTS = "FILE_EXISTS"
+    FILE_FIXED = "FILE_FIXED"
+    LINE_OUT_OF_RANGE = "LINE_OUT_OF_RANGE"
+    SPANS_ENTRIES = "SPANS_ENTRIES"
 
     # Pages, answers and exports.
     PAGE_SIZE_OUT_OF_RANGE = "PAGE_SIZE_OUT_OF_RANGE"

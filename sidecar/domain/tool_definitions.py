@@ -1,12 +1,15 @@
 """The model's memory tools as the model is told of them: their names,
 descriptions (which state the calling agent's budgets) and argument schemas,
-in shapes OpenAI's and Anthropic's APIs take as they are.
+in shapes OpenAI's and Anthropic's APIs take as they are; and Claude's own
+memory tool (`memory_20250818`, sidecar.domain.memory_files), which Anthropic's
+API defines: a runtime declares it by type, and passes its inputs on.
 
 The schemas are the same for every scope, built once; sidecar.domain.tools
 checks a call's arguments against them and runs it. The MCP server and its
 stdio bridge (sidecar.api.mcp_server, sidecar.ops.mcp_stdio) list them too.
 
-Owns: the tools' names, descriptions, JSON Schemas, ToolDef. Must not touch:
+Owns: the tools' names, descriptions, JSON Schemas, ToolDef, and ToolResult
+(what a call of any of them gives back). Must not touch:
 running a call (sidecar.domain.tools), the store, grpc or the MCP SDK; the
 engine only for an agent's budgets (read, never written).
 """
@@ -25,6 +28,18 @@ if TYPE_CHECKING:
     from sidecar.domain.engine import MemoryEngine
 
 MEMORY, SEARCH, LIST = "memory", "memory_search", "memory_list"
+# Claude's memory tool, by its type: CallTool's name for its tool_use inputs.
+MEMORY_FILES = "memory_20250818"
+# Its commands' arguments besides `command`, as Anthropic's SDKs define them
+# (BetaMemoryTool20250818ViewCommand and its siblings).
+MEMORY_FILE_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "view": ("path", "view_range"),
+    "create": ("path", "file_text"),
+    "str_replace": ("path", "old_str", "new_str"),
+    "insert": ("path", "insert_line", "insert_text"),
+    "delete": ("path",),
+    "rename": ("old_path", "new_path"),
+}
 ACTIONS = ("add", "replace", "remove")
 TARGETS = {"memory": Tier.MEMORY, "user": Tier.USER}
 DEFAULT_SEARCH_LIMIT = 10
@@ -38,6 +53,9 @@ class ToolDef:
     name: str
     description: str
     input_schema: dict[str, Any]
+    # How Anthropic's API is told of a tool it defines itself (by type),
+    # instead of by description and schema.
+    declaration: dict[str, Any] | None = None
 
     def openai(self) -> dict[str, Any]:
         """As an OpenAI function tool (Chat Completions' `tools` entry)."""
@@ -52,11 +70,22 @@ class ToolDef:
 
     def anthropic(self) -> dict[str, Any]:
         """As an Anthropic Messages API tool."""
+        if self.declaration is not None:
+            return dict(self.declaration)
         return {
             "name": self.name,
             "description": self.description,
             "input_schema": self.input_schema,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a call gives back: text for the model, the outcome as data."""
+
+    text: str
+    structured: dict[str, Any]
+    is_error: bool = False
 
 
 def _target_schema(both: bool) -> dict[str, Any]:
@@ -168,3 +197,41 @@ def definitions(engine: MemoryEngine, scope: Scope) -> list[ToolDef]:
         SCHEMAS[LIST],
     )
     return [memory, search, listing]
+
+
+def _memory_files_schema() -> dict[str, Any]:
+    text = {"type": "string"}
+    properties: dict[str, Any] = {
+        "command": {"type": "string", "enum": list(MEMORY_FILE_ARGUMENTS)},
+        "path": {
+            "type": "string",
+            "description": "/memories, /memories/notes.md or /memories/user.md",
+        },
+        "view_range": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+        "file_text": text,
+        "old_str": text,
+        "new_str": text,
+        "insert_line": {"type": "integer", "minimum": 0},
+        "insert_text": text,
+        "old_path": text,
+        "new_path": text,
+    }
+    return _strict(properties, ["command"])
+
+
+def claude_memory_tool() -> ToolDef:
+    """Claude's memory tool: declared to Anthropic's API by its type (the
+    model knows its commands); as a function tool elsewhere, with the
+    commands' arguments as its schema."""
+    return ToolDef(
+        MEMORY_FILES,
+        "Your long-term memory as a directory, /memories, of two files: notes.md (your "
+        "notes: the environment, conventions, lessons learned) and user.md (what you learn "
+        "about the user), one entry per line. Commands: view (a path; view_range [first, "
+        "last]), create (an empty file, from file_text), str_replace (old_str, unique in "
+        "the file, becomes new_str; an empty result removes the entry), insert (insert_text "
+        "as new entries, at the end; insert_line is checked, not kept), delete and rename "
+        "(refused: the two files always exist). Both files have a character budget.",
+        _memory_files_schema(),
+        declaration={"type": MEMORY_FILES, "name": MEMORY},
+    )

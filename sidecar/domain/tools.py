@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sidecar.core.errors import (
@@ -52,16 +51,20 @@ from sidecar.core.errors import (
 )
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
+from sidecar.domain.memory_files import MemoryFiles
 from sidecar.domain.tool_definitions import (
     ACTIONS,
     DEFAULT_SEARCH_LIMIT,
     LIST,
     MAX_SEARCH_LIMIT,
     MEMORY,
+    MEMORY_FILES,
     SCHEMAS,
     SEARCH,
     TARGETS,
     ToolDef,
+    ToolResult,
+    claude_memory_tool,
     definitions,
 )
 from sidecar.retrieval import blocks
@@ -77,15 +80,6 @@ _EDIT_ATTEMPTS = 3
 # Errors of these kinds are the model's to act on: returned as tool errors.
 _MODELS_TO_FIX = (InvalidArgument, NotFound, FailedPrecondition, AlreadyExists)
 _TIER_NAMES = {Tier.MEMORY: "agent notes (target=memory)", Tier.USER: "user profile (target=user)"}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """What a call gives back: text for the model, the outcome as data."""
-
-    text: str
-    structured: dict[str, Any]
-    is_error: bool = False
 
 
 class _ArgumentError(Exception):
@@ -170,6 +164,7 @@ class Tools:
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
         self._engine = engine
         self._limits = limits
+        self._files = MemoryFiles(engine, limits)
         self._runs: dict[str, Callable[[Scope, Mapping[str, Any]], ToolResult]] = {
             MEMORY: self._memory,
             SEARCH: self._search,
@@ -178,6 +173,10 @@ class Tools:
 
     def definitions(self, scope: Scope) -> list[ToolDef]:
         return definitions(self._engine, scope)
+
+    def claude_memory_tool(self) -> ToolDef:
+        """Claude's own memory tool, run by `call` as MEMORY_FILES."""
+        return claude_memory_tool()
 
     def call(
         self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any] | None
@@ -191,10 +190,12 @@ class Tools:
                 "the arguments are not a JSON object; call it again with valid JSON",
                 Reason.ARGUMENTS_INVALID,
             )
+        if name == MEMORY_FILES:
+            return self._files.call(scope, arguments)
         run = self._runs.get(name)
         if run is None:
             raise InvalidArgument(
-                f"no tool named {name!r}; the tools are {', '.join(self._runs)}",
+                f"no tool named {name!r}; the tools are {', '.join([*self._runs, MEMORY_FILES])}",
                 reason=Reason.TOOL_UNKNOWN,
                 metadata={"name": name},
             )

@@ -56,8 +56,7 @@ from sidecar.core.errors import (
     Unavailable,
     Unimplemented,
 )
-from sidecar.domain.tool_definitions import ToolDef
-from sidecar.domain.tools import ToolResult
+from sidecar.domain.tool_definitions import ToolDef, ToolResult
 from sidecar.ops.admin import online_channel
 
 log = logging.getLogger("sidecar.mcp_stdio")

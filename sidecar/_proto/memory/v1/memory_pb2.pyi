@@ -344,10 +344,12 @@ class Tool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., openai_json: _Optional[str] = ..., anthropic_json: _Optional[str] = ...) -> None: ...
 
 class ListToolsResponse(_message.Message):
-    __slots__ = ("tools",)
+    __slots__ = ("tools", "claude_memory_tool")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CLAUDE_MEMORY_TOOL_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
-    def __init__(self, tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+    claude_memory_tool: Tool
+    def __init__(self, tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., claude_memory_tool: _Optional[_Union[Tool, _Mapping]] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
     __slots__ = ("scope", "session_id", "name", "arguments_json")
