@@ -348,23 +348,32 @@ def test_a_read_without_a_deadline_waits_at_most_the_configured_bound(
     b = make_sidecar("server: {min_generation_wait_seconds: 0.2}\n")
     ack = a.add("The repo uses uv", scope=SCOPE)
     ahead = ack.generation + 1000
-    request = pb.SearchMemoriesRequest(scope=SCOPE, query="uv", min_generation=ahead)
-    # No deadline on the call itself; the outer bound only makes a
+    reads: list[Callable[[], Any]] = [
+        lambda: b.stub.SearchMemories(
+            pb.SearchMemoriesRequest(scope=SCOPE, query="uv", min_generation=ahead)
+        ),
+        lambda: b.stub.GetMemories(pb.GetMemoriesRequest(scope=SCOPE, min_generation=ahead)),
+        lambda: b.stub.InjectForTurn(
+            pb.InjectForTurnRequest(scope=SCOPE, session_id="s", min_generation=ahead)
+        ),
+    ]
+    # No deadline on the calls themselves; the outer bound only makes a
     # regression fail instead of hanging the suite.
     answered: list[grpc.RpcError | None] = []
 
     def call() -> None:
-        try:
-            b.stub.SearchMemories(request)
-            answered.append(None)
-        except grpc.RpcError as error:
-            answered.append(error)
+        for read in reads:
+            try:
+                read()
+                answered.append(None)
+            except grpc.RpcError as error:
+                answered.append(error)
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
     caller.join(30)
-    assert answered, "a read without a deadline never answered"
-    error = answered[0]
-    assert error is not None
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
-    assert error_info(error).reason == "REPLICA_BEHIND"
+    assert len(answered) == len(reads), "a read without a deadline never answered"
+    for error in answered:
+        assert error is not None
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(error).reason == "REPLICA_BEHIND"
