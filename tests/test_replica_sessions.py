@@ -336,3 +336,44 @@ def test_sqlite_poller_delivers_a_write_before_the_compaction_committed_after_it
         other.close()
     assert fired
     assert news == ["write 999", "write 1000", "compaction"]
+
+
+def test_a_read_without_a_deadline_waits_at_most_the_configured_bound(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """Without a gRPC deadline a min_generation no write has reached ends in
+    REPLICA_BEHIND after server.min_generation_wait_seconds, instead of
+    holding a worker thread for ever (issue 34)."""
+    a = make_sidecar()
+    b = make_sidecar("server: {min_generation_wait_seconds: 0.2}\n")
+    ack = a.add("The repo uses uv", scope=SCOPE)
+    ahead = ack.generation + 1000
+    reads: list[Callable[[], Any]] = [
+        lambda: b.stub.SearchMemories(
+            pb.SearchMemoriesRequest(scope=SCOPE, query="uv", min_generation=ahead)
+        ),
+        lambda: b.stub.GetMemories(pb.GetMemoriesRequest(scope=SCOPE, min_generation=ahead)),
+        lambda: b.stub.InjectForTurn(
+            pb.InjectForTurnRequest(scope=SCOPE, session_id="s", min_generation=ahead)
+        ),
+    ]
+    # No deadline on the calls themselves; the outer bound only makes a
+    # regression fail instead of hanging the suite.
+    answered: list[grpc.RpcError | None] = []
+
+    def call() -> None:
+        for read in reads:
+            try:
+                read()
+                answered.append(None)
+            except grpc.RpcError as error:
+                answered.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(30)
+    assert len(answered) == len(reads), "a read without a deadline never answered"
+    for error in answered:
+        assert error is not None
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(error).reason == "REPLICA_BEHIND"

@@ -5,11 +5,18 @@ A stream reads one snapshot (sidecar.storage.archive.exported: one read
 transaction) and sends the entries in insertion order, `batch_size` lines a
 response at most, and fewer when the next line would take the response past
 server.max_response_bytes. Each response's cursor is a page token
-(sidecar.api.paging) holding the last seq sent and bound to the request's scope,
-tiers and for_user: a stream resumed from it sends what follows that seq, as
-of a new snapshot (what was written meanwhile after the cursor is included,
-what was deleted before it is not repeated). A cursor of another request, or
-garbage, is INVALID_ARGUMENT (CURSOR_INVALID).
+(sidecar.api.paging) bound to the request's scope, tiers and for_user, holding
+the last seq sent of each partition: a stream resumed from it sends, of each
+partition, what follows that partition's seq, as of a new snapshot (what was
+committed meanwhile after the cursor is included, what was deleted before it
+is not repeated). One seq per partition, not one for the stream: seqs are
+drawn before commit, so on PostgreSQL a write to one tier may commit after a
+larger seq of the other tier was sent, and a single seq would skip it. Within
+a partition seqs commit in order (every insert holds the partition's state
+row lock until it commits; SQLite has one writer at all), so a partition's
+last seq sent is exact. A cursor of one seq (issued before) is read as that
+seq for every partition. A cursor of another request, or garbage, is
+INVALID_ARGUMENT (CURSOR_INVALID).
 
 A stream over a partition erased while it runs (ForgetUser, DeleteScope)
 ends with ABORTED (SCOPE_ERASED) at its next response: its snapshot still
@@ -53,10 +60,11 @@ def _wanted(context: Any) -> bool:
     return bool(context.is_active()) and (remaining is None or remaining > 0)
 
 
-def _cursor(pages: paging.PageTokens, token: str, bound_to: str) -> int:
-    """The seq a cursor ends at; 0 for none (the start)."""
+def _cursor(pages: paging.PageTokens, token: str, bound_to: str, count: int) -> list[int]:
+    """The seq a cursor ends at in each of the `count` partitions; 0s for
+    none (the start)."""
     try:
-        return pages.decode(token, _KIND, bound_to)
+        return pages.decode_positions(token, _KIND, bound_to, count)
     except InvalidArgument as exc:
         raise InvalidArgument(
             "cursor belongs to an export of other fields; resume with the scope, tier and "
@@ -79,6 +87,18 @@ def _check_erasure(erased: Partition | None) -> None:
             reason=Reason.SCOPE_ERASED,
             metadata={"owner": owner, "tier": tier.value},
         )
+
+
+class _Position:
+    """Where a stream stands: the last seq sent of each partition, in the
+    request's order (what its cursor holds)."""
+
+    def __init__(self, partitions: list[Partition], after: list[int]) -> None:
+        self._index = {partition: i for i, partition in enumerate(partitions)}
+        self.seqs = after
+
+    def sent(self, owner: str, memory: Memory) -> None:
+        self.seqs[self._index[(owner, memory.tier)]] = memory.seq
 
 
 class ExportStream:
@@ -131,7 +151,7 @@ class ExportStream:
         self, request: pb.ExportMemoriesRequest, context: Any
     ) -> Iterator[pb.ExportMemoriesResponse]:
         partitions, bound_to = self._partitions(request)
-        after = _cursor(self._pages, request.cursor, bound_to)
+        after = _cursor(self._pages, request.cursor, bound_to, len(partitions))
         if request.batch_size < 0:
             raise InvalidArgument(
                 f"batch_size must not be negative, got {request.batch_size}",
@@ -140,9 +160,11 @@ class ExportStream:
             )
         batch = min(request.batch_size or DEFAULT_BATCH, MAX_BATCH)
         with self._engine.exporting(partitions) as erased_since:
-            entries = self._engine.export_entries(partitions, after, batch)
+            entries = self._engine.export_entries(partitions, list(after), batch)
             try:
-                yield from self._responses(entries, after, batch, bound_to, context, erased_since)
+                yield from self._responses(
+                    entries, _Position(partitions, after), batch, bound_to, context, erased_since
+                )
             finally:
                 # Ends the read transaction now, on this thread, however
                 # the stream ended (done, cancelled, an error).
@@ -151,7 +173,7 @@ class ExportStream:
     def _responses(
         self,
         entries: Generator[tuple[str, Memory]],
-        after: int,
+        after: _Position,
         batch: int,
         bound_to: str,
         context: Any,
@@ -176,13 +198,13 @@ class ExportStream:
                     break
                 lines.append(line)
                 used += size
-                after = memory.seq
+                after.sent(owner, memory)
                 pending = next(entries, None)
             done = pending is None
             yield pb.ExportMemoriesResponse(
                 jsonl="".join(lines),
                 count=len(lines),
-                cursor=self._pages.encode(_KIND, bound_to, after),
+                cursor=self._pages.encode(_KIND, bound_to, after.seqs),
                 done=done,
             )
             if done:

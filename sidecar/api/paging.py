@@ -14,7 +14,8 @@ A page also ends early when the next entry would push the response past
 the byte budget (server.max_response_bytes), so no response a client asks
 for exceeds gRPC's default 4 MiB receive limit, whatever page_size says.
 
-Owns: the page-token format (versioned, bound to a request digest, signed),
+Owns: the page-token format (versioned, bound to a request digest, signed;
+one position or a few, an export's one per partition),
 page sizes, the byte budget that ends a page early, and the bound on an
 InjectForTurn answer's size that says when to measure it. Must not touch: grpc
 or generated classes (messages are only measured, through ByteSize), the
@@ -28,6 +29,7 @@ import binascii
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sidecar.core.errors import InvalidArgument, PageTokenMismatch, Reason, ResourceExhausted
@@ -37,11 +39,21 @@ _VERSION = 2
 # Tokens this module issues are far shorter; positions are 64-bit seqs.
 _MAX_TOKEN_CHARS = 256
 _MAX_POSITION = 2**63 - 1
+# A token holds one position, or one per partition an export reads (at
+# most two: a scope's tiers).
+_MAX_POSITIONS = 4
 # A truncated HMAC-SHA256: 128 bits leave nothing to guess, and keep the
 # token short.
 _SIGNATURE_BYTES = 16
 # Beyond its texts and ids, an InjectForTurn answer holds counts and usage.
 _TURN_MARGIN = 64 * 1024
+
+
+Position = int | Sequence[int]
+_NOT_ISSUED = (
+    "page_token is not a token this server issued; "
+    "pass next_page_token from the previous response unchanged"
+)
 
 
 def digest(*fields: object) -> str:
@@ -70,7 +82,7 @@ class PageTokens:
     def use(self, key: bytes) -> None:
         self._key = key
 
-    def _signature(self, kind: str, bound_to: str, position: int) -> str:
+    def _signature(self, kind: str, bound_to: str, position: Position) -> str:
         if not self._key:
             # Serving before the store was opened: a bug, not a client error.
             raise RuntimeError("page tokens used before the database's key was read")
@@ -78,13 +90,34 @@ class PageTokens:
         mac = hmac.digest(self._key, fields.encode(), "sha256")[:_SIGNATURE_BYTES]
         return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
-    def encode(self, kind: str, bound_to: str, position: int) -> str:
+    def encode(self, kind: str, bound_to: str, position: Position) -> str:
+        """A token of one position, or of several (an export's, one per
+        partition: sidecar.api.export)."""
+        if not isinstance(position, int):
+            position = list(position)
         signature = self._signature(kind, bound_to, position)
         raw = json.dumps([_VERSION, kind, bound_to, position, signature], separators=(",", ":"))
         return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
     def decode(self, token: str, kind: str, bound_to: str) -> int:
         """The position a token points at; 0 for no token (the first page)."""
+        position = self._decoded(token, kind, bound_to)
+        if not isinstance(position, int):
+            raise _invalid(_NOT_ISSUED)
+        return position
+
+    def decode_positions(self, token: str, kind: str, bound_to: str, count: int) -> list[int]:
+        """The `count` positions a token points at: [0] * count for no
+        token, and a token of one position (an export cursor issued before
+        cursors held one per partition) as that position `count` times."""
+        position = self._decoded(token, kind, bound_to)
+        if isinstance(position, int):
+            return [position] * count
+        if len(position) != count:
+            raise _invalid(_NOT_ISSUED)
+        return position
+
+    def _decoded(self, token: str, kind: str, bound_to: str) -> int | list[int]:
         if not token:
             return 0
         fields = _fields(token)
@@ -98,25 +131,32 @@ class PageTokens:
             and len(fields) == 5
             and fields[0] == _VERSION
             and all(type(value) is str for value in (fields[1], fields[2], fields[4]))
-            and type(fields[3]) is int  # not a bool
-            and 0 <= fields[3] <= _MAX_POSITION
+            and _is_position(fields[3])
             # Constant time: how much of a guess matched must not show.
             and hmac.compare_digest(
                 self._signature(fields[1], fields[2], fields[3]).encode(), fields[4].encode()
             )
         )
         if not valid or fields is None:
-            raise _invalid(
-                "page_token is not a token this server issued; "
-                "pass next_page_token from the previous response unchanged"
-            )
+            raise _invalid(_NOT_ISSUED)
         _version, token_kind, token_digest, position, _signature = fields
         if (token_kind, token_digest) != (kind, bound_to):
             raise PageTokenMismatch(
                 "page_token belongs to a different request; "
                 "repeat every other field of the request that returned it"
             )
-        return int(position)
+        return int(position) if isinstance(position, int) else [int(p) for p in position]
+
+
+def _is_seq(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_POSITION  # not a bool
+
+
+def _is_position(value: Any) -> bool:
+    """One position, or a short list of them."""
+    if type(value) is list:
+        return 0 < len(value) <= _MAX_POSITIONS and all(_is_seq(v) for v in value)
+    return _is_seq(value)
 
 
 def _fields(token: str) -> list[Any] | None:

@@ -1,5 +1,6 @@
-"""min_generation on the read RPCs: wait, within the call's deadline, until
-this replica has applied the write a client saw acknowledged elsewhere.
+"""min_generation on the read RPCs: wait, within the call's deadline and the
+server's bound, until this replica has applied the write a client saw
+acknowledged elsewhere.
 
 Owns: turning a request's min_generation and the call's deadline into a
 wait (sidecar.domain.replication). Must not touch: the feed or the store (the
@@ -24,7 +25,9 @@ def caught_up(
 ) -> None:
     """Return once the replica serves the write of min_generation and every
     write acknowledged before the call (0: at once); UNAVAILABLE
-    REPLICA_BEHIND if the deadline would pass first."""
+    REPLICA_BEHIND if the deadline or the server's bound would pass first.
+    A call without a deadline reports years remaining: the bound, applied
+    by the domain whatever the timeout, ends it."""
     if min_generation <= 0:
         return
     remaining = context.time_remaining() if context is not None else None

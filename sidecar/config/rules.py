@@ -64,6 +64,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_watches": _at_least(0),
     "watch_buffer_events": _at_least(1),
     "watch_bookmark_seconds": _at_least(0.1),
+    "min_generation_wait_seconds": _between(0, 3600),
     "event_retention_seconds": _at_least(0),
     "partition_cache_size": _at_least(1),
     "partition_cache_bytes": _at_least(0),

@@ -156,6 +156,9 @@ class ServerSettings:
     # (when that moved), so a client always holds a recent resume point:
     # the retention horizon follows the whole database's writes.
     watch_bookmark_seconds: float = 60.0
+    # The longest a read waits for its min_generation, whatever its deadline
+    # (none: for ever otherwise); 0: the change feed's settle time.
+    min_generation_wait_seconds: float = 0.0
     # How long the event log keeps events for watchers to resume (7 days:
     # a mirror offline over a long weekend resumes instead of exporting
     # again); 0 keeps them forever.

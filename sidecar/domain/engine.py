@@ -484,10 +484,11 @@ class MemoryEngine(Rooms):
             yield erased_since
 
     def export_entries(
-        self, partitions: Sequence[ExportPartition], after_seq: int, batch: int
+        self, partitions: Sequence[ExportPartition], after: Sequence[int], batch: int
     ) -> Generator[tuple[str, Memory]]:
-        """(owner, memory) after `after_seq`, from one snapshot (Exports.entries)."""
-        return self._exports.entries(partitions, after_seq, batch)
+        """(owner, memory) after each partition's seq in `after`, from one
+        snapshot (Exports.entries)."""
+        return self._exports.entries(partitions, after, batch)
 
     # --- housekeeping -------------------------------------------------------
 

@@ -44,7 +44,7 @@ class Exports:
 
     >>> exports = Exports(store, max_concurrent=2)
     >>> with exports.slot():
-    ...     for owner, memory in exports.entries(exports.partitions(scope, (Tier.USER,)), 0, 500):
+    ...     for owner, memory in exports.entries(exports.partitions(scope, (Tier.USER,)), [0], 500):
     ...         ...
     """
 
@@ -136,10 +136,10 @@ class Exports:
             return self._lock.wait_for(lambda: self._running == 0, timeout)
 
     def entries(
-        self, partitions: Sequence[Partition], after_seq: int, batch: int
+        self, partitions: Sequence[Partition], after: Sequence[int], batch: int
     ) -> Generator[tuple[str, Memory]]:
-        """(owner, memory) of the partitions with a seq above `after_seq`, in
-        insertion order, from one snapshot, read `batch` rows at a time.
-        Holds a connection until exhausted or closed (close it on the thread
-        that iterated it)."""
-        return archive.exported(self._store, partitions, after_seq, batch)
+        """(owner, memory) of each partition with a seq above that
+        partition's in `after`, in insertion order, from one snapshot, read
+        `batch` rows at a time. Holds a connection until exhausted or closed
+        (close it on the thread that iterated it)."""
+        return archive.exported(self._store, partitions, after, batch)

@@ -17,8 +17,11 @@ and every write committed before the read:
 - a feed that is not verified (or turns so while waiting): the partitions
   the read uses are checked against the database, which holds every
   acknowledged write;
-- the deadline (or, without one, the feed's settle time) passing first:
+- the deadline or the bound passing first, whichever is sooner:
   UNAVAILABLE REPLICA_BEHIND, with both generations; never a stale answer.
+  The bound (`max_wait`, server.min_generation_wait_seconds; 0: the feed's
+  settle time) holds whatever the deadline: a call without one (gRPC then
+  reports years remaining) would otherwise hold its worker for ever.
 
 Session events. NotifyCompaction and EndSession act on this replica's session
 and publish the event to the others (their feeds call `heard`). The answer's
@@ -66,10 +69,12 @@ class Replication:
         partitions: Partitions,
         sessions: SessionTable[View],
         metrics: Metrics,
+        max_wait: float = 0.0,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._partitions = partitions
+        self._max_wait = max_wait
         self._sessions = sessions
         self._metrics = metrics
         self._clock = clock
@@ -88,8 +93,8 @@ class Replication:
     ) -> None:
         """Return once this replica serves the write of `min_generation` and
         every write committed before the call (0: at once); raise
-        REPLICA_BEHIND if `timeout` seconds (None: the feed's settle time)
-        pass first."""
+        REPLICA_BEHIND if `timeout` seconds (None: no deadline) or the bound
+        pass first, whichever is sooner."""
         feed = self.feed
         if min_generation <= 0 or feed is None or feed.delivered(min_generation):
             return
@@ -97,7 +102,8 @@ class Replication:
         if not feed.verified:
             self._partitions.verify(keys, force=True)
             return
-        deadline = self._clock() + (feed.settle_seconds if timeout is None else timeout)
+        bound = self._max_wait or feed.settle_seconds
+        deadline = self._clock() + (bound if timeout is None else min(timeout, bound))
         ticket = feed.fence()
         while True:
             remaining = deadline - self._clock()

@@ -161,7 +161,8 @@ class Rooms:
             listeners=on_erasure,
         )
         # min_generation waits, and session events to and from other replicas.
-        self._replication = Replication(self._partitions, self._sessions, self._metrics)
+        wait = config.server.min_generation_wait_seconds
+        self._replication = Replication(self._partitions, self._sessions, self._metrics, wait)
         # Labelled children looked up once: a cached turn touches them every time.
         self._hits = self._metrics.snapshot_lookups.labels("hit")
         self._misses = self._metrics.snapshot_lookups.labels("miss")

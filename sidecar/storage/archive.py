@@ -187,11 +187,12 @@ def dump(store: Store, batch: int = 1000) -> Iterator[tuple[str, Memory]]:
 
 
 def exported(
-    store: Store, partitions: Sequence[tuple[str, Tier]], after: int, batch: int
+    store: Store, partitions: Sequence[tuple[str, Tier]], after: Sequence[int], batch: int
 ) -> Generator[tuple[str, Memory]]:
-    """The partitions' entries (owner, tier) with a seq above `after`, as
-    (owner, memory) in insertion order (seq) across them, all from one read
-    transaction: one snapshot however long the caller takes.
+    """The partitions' entries (owner, tier), each with a seq above its
+    partition's in `after`, as (owner, memory) in insertion order (seq)
+    across them, all from one read transaction: one snapshot however long
+    the caller takes.
 
     Each partition is walked by keyset on its own index and the walks are
     merged by seq, so a batch is a range scan whatever the position, and at
@@ -201,7 +202,10 @@ def exported(
     """
     backend = store.tables.backend
     with backend.guard(), backend.db.connection_context(), backend.read_transaction():
-        walks = [_walk(store, after, batch, partition, True) for partition in partitions]
+        walks = [
+            _walk(store, seq, batch, partition, True)
+            for partition, seq in zip(partitions, after, strict=True)
+        ]
         for row in heapq.merge(*walks, key=attrgetter("seq")):
             yield row.owner, to_memory(row)
 

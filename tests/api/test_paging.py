@@ -12,6 +12,8 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
+from sidecar.api.paging import PageTokens
+from sidecar.core.errors import InvalidArgument
 from sidecar.ops import cli
 from tests.conftest import MakeSidecar, Running, error_info, stop_sidecar
 
@@ -223,3 +225,21 @@ def test_a_token_from_one_replica_pages_on_another(make_sidecar: MakeSidecar) ->
     rest = again.list(scope=SCOPE, page_size=2, page_token=page.next_page_token)
     last = again.list(scope=SCOPE, page_size=2, page_token=rest.next_page_token)
     assert [m.id for p in (page, rest, last) for m in p.memories] == ids
+
+
+def test_a_token_of_several_positions_round_trips_and_is_checked() -> None:
+    """An export cursor holds one position per partition (sidecar.api.export)."""
+    pages = PageTokens(b"k" * 32)
+    token = pages.encode("export", "d", [7, 9])
+    assert pages.decode_positions(token, "export", "d", 2) == [7, 9]
+    assert pages.decode_positions("", "export", "d", 2) == [0, 0]
+    # A token of one position (a cursor issued before) is that position in each.
+    assert pages.decode_positions(pages.encode("export", "d", 7), "export", "d", 2) == [7, 7]
+    for bad in (
+        lambda: pages.decode_positions(token, "export", "d", 3),  # another count
+        lambda: pages.decode(token, "export", "d"),  # a list where one is expected
+        lambda: pages.decode_positions(pages.encode("export", "d", [1] * 5), "export", "d", 5),
+        lambda: pages.decode_positions(pages.encode("export", "d", [-1, 2]), "export", "d", 2),
+    ):
+        with pytest.raises(InvalidArgument):
+            bad()
