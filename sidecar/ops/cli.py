@@ -242,7 +242,10 @@ def _add_mcp_config(commands: Any) -> None:
         help="print an agent host's entry for this sidecar, with absolute paths",
     )
     config.add_argument(
-        "--host", required=True, choices=("claude-code", "claude-desktop", "cursor")
+        "--host",
+        required=True,
+        choices=("claude-code", "claude-desktop", "cursor"),
+        help="the agent host the entry is for",
     )
     config.add_argument(
         "--transport",
@@ -497,6 +500,13 @@ def _mcp_config(args: argparse.Namespace, cfg: Config) -> int:
         as_json=args.json,
     )
     print(host_config.render(entry))
+    if entry.token_file:
+        from sidecar.ops.channel import read_token
+
+        try:
+            read_token(entry.token_file)
+        except SidecarError as exc:  # the entry stands; the bridge will say so too
+            print(f"memory-sidecar: warning: {exc.reason}: {exc.message}", file=sys.stderr)
     return 0
 
 

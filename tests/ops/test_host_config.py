@@ -122,3 +122,17 @@ def test_the_launcher_is_this_interpreters(tmp_path: Path) -> None:
     assert os.access(launch.command, os.X_OK)
     if launch.prefix:
         assert launch.prefix == ("-m", "sidecar")
+
+
+def test_a_token_file_it_cannot_read_is_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "gone.token")
+    argv = ["mcp-config", "--host", "claude-desktop", "--token-file", missing]
+    assert cli.main(argv, environ={}) == 0
+    out, err = capsys.readouterr()
+    args = server(out)["args"]
+    assert isinstance(args, list)
+    assert args[-2:] == ["--token-file", missing]
+    (line,) = err.splitlines()
+    assert line.startswith("memory-sidecar: warning: TOKEN_FILE_UNREADABLE: ")
