@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml requirements/semantic-model.txt
 
 # `make run` needs the daemon's own packages only (and the postgres extra,
 # for a DSN, and the mcp extra, for its MCP listener), not the test and
-# lint tools.
-$(RUN_STAMP): pyproject.toml
+# lint tools. The Makefile is a prerequisite too: a venv an older `make run`
+# installed (without the mcp extra) is brought up to what this one serves.
+$(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[postgres,mcp]'
