@@ -485,7 +485,9 @@ def _mcp_config(args: argparse.Namespace, cfg: Config) -> int:
     from sidecar.ops import host_config
 
     server = cfg.server
-    url = args.url or (f"http://{server.mcp_listen}/mcp" if server.mcp_listen else "")
+    scheme = "https" if server.tls_cert_file else "http"
+    listen = host_config.reachable_address(server.mcp_listen)
+    url = args.url or (f"{scheme}://{listen}/mcp" if server.mcp_listen else "")
     entry = host_config.Entry(
         host=args.host,
         transport=args.transport,

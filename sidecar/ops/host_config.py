@@ -32,8 +32,8 @@ Two transports:
   `claude mcp add` line reads it with `$(cat FILE)` when it is run.
 
 Owns: the hosts' entry formats, the launcher (absolute command, args, env).
-Must not touch: the daemon, RPCs, os.environ (PYTHONPATH is read from
-sys.path's effect: a child interpreter started in isolation, `-I`).
+Must not touch: the daemon, RPCs, os.environ (whether the entry needs
+PYTHONPATH is found by starting the interpreter isolated, `-I`).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def launcher(python: str = sys.executable) -> Launcher:
     return Launcher(python, ("-m", "sidecar"), {"PYTHONPATH": checkout})
 
 
-def _absolute_address(address: str) -> str:
+def reachable_address(address: str) -> str:
     """An address a host can use from any directory: a relative Unix
     socket made absolute, a wildcard host made loopback."""
     if address.startswith("unix:") and not address.startswith("unix:/"):
@@ -131,7 +131,7 @@ def _absolute_address(address: str) -> str:
 
 def bridge_args(entry: Entry) -> list[str]:
     """The stdio bridge's arguments, every path absolute."""
-    args = ["mcp", "--address", _absolute_address(entry.address)]
+    args = ["mcp", "--address", reachable_address(entry.address)]
     for flag, value in (("--agent-id", entry.agent_id), ("--user-id", entry.user_id)):
         if value:
             args += [flag, value]

@@ -98,15 +98,22 @@ def test_the_command_uses_the_configuration_and_fails_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "memory.yaml"
-    config.write_text("server:\n  listen: 127.0.0.1:6001\n  mcp_listen: 127.0.0.1:6002\n")
+    token = tmp_path / "t"
+    token.write_text("t")
+    config.write_text(
+        "server:\n  listen: 127.0.0.1:6001\n  mcp_listen: 0.0.0.0:6002\n"
+        f"  auth_token_file: {token}\n"
+    )
     argv = ["mcp-config", "--config", str(config), "--host", "cursor"]
-    assert cli.main([*argv, "--transport", "http"], environ={}) == 0
-    assert server(capsys.readouterr().out)["url"] == "http://127.0.0.1:6002/mcp"
+    assert cli.main([*argv, "--host", "claude-code", "--transport", "http"], environ={}) == 0
+    line = capsys.readouterr().out
+    assert " http://127.0.0.1:6002/mcp " in line
+    assert f"$(cat {token})" in line
     assert cli.main(argv, environ={}) == 0
     args = server(capsys.readouterr().out)["args"]
     assert isinstance(args, list)
     assert args[args.index("--address") + 1] == "127.0.0.1:6001"
-    assert args[-2:] == ["--config", str(config)]
+    assert args[-4:] == ["--token-file", str(token), "--config", str(config)]
     refused = ["mcp-config", "--host", "claude-desktop", "--transport", "http"]
     assert cli.main(refused, environ={}) == 1
     out, err = capsys.readouterr()
