@@ -286,6 +286,7 @@ def test_the_mcp_url_is_logged_on_a_line_of_its_own(tmp_path: Path) -> None:
         "127.0.0.1:0",
         "--mcp-listen",
         "127.0.0.1:0",
+        timeout=120,
     )
     try:
         assert daemon.mcp.startswith("http://127.0.0.1:")
