@@ -10,6 +10,9 @@ DB ?= var/memory.db
 # More `memory-sidecar serve` flags for `make run`, e.g.
 #   make run ARGS="--metrics-listen 127.0.0.1:9464 --config my.yaml"
 ARGS ?=
+# The MCP listener `make run` serves on loopback (streamable HTTP at
+# http://$(MCP_LISTEN)/mcp, the README's HTTP entry); MCP_LISTEN= for none.
+MCP_LISTEN ?= 127.0.0.1:8765
 # pytest-xdist workers for `make test`: auto is three per core (tests/conftest.py),
 # as much of the suite waits on sockets, subprocesses and feeds. 0: one process.
 TEST_WORKERS ?= auto
@@ -24,11 +27,13 @@ $(STAMP): pyproject.toml requirements/semantic-model.txt
 	touch $(STAMP) $(RUN_STAMP)
 
 # `make run` needs the daemon's own packages only (and the postgres extra,
-# for a DSN), not the test and lint tools.
-$(RUN_STAMP): pyproject.toml
+# for a DSN, and the mcp extra, for its MCP listener), not the test and
+# lint tools. The Makefile is a prerequisite too: a venv an older `make run`
+# installed (without the mcp extra) is brought up to what this one serves.
+$(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[postgres]'
+	$(BIN)/python -m pip install --quiet -e '.[postgres,mcp]'
 	touch $(RUN_STAMP)
 
 # buf (for `buf lint`) ships on npm; without npm the lint test is skipped.
@@ -63,7 +68,7 @@ node-example: $(NODE_EXAMPLE) $(MCP_NODE_EXAMPLE)
 
 run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
-	$(BIN)/memory-sidecar serve --db $(DB) $(ARGS)
+	$(BIN)/memory-sidecar serve --db $(DB) $(if $(MCP_LISTEN),--mcp-listen $(MCP_LISTEN)) $(ARGS)
 
 # Bytecode caches stay on for the tests even where the environment turns
 # them off: every worker would otherwise compile and rewrite the asserts

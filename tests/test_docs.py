@@ -69,8 +69,19 @@ def test_make_run_installs_the_daemon_without_the_dev_tools(tmp_path: Path) -> N
         check=True,
     ).stdout
     installs = [line for line in planned.splitlines() if "pip install" in line and " -e " in line]
-    assert installs == [f"{tmp_path}/venv/bin/python -m pip install --quiet -e '.[postgres]'"]
+    assert installs == [f"{tmp_path}/venv/bin/python -m pip install --quiet -e '.[postgres,mcp]'"]
     assert "memory-sidecar serve" in planned
+    # With its MCP listener on loopback by default, and none with MCP_LISTEN=.
+    assert "--mcp-listen 127.0.0.1:8765" in planned
+    none = subprocess.run(
+        ["make", "-n", "run", f"VENV={tmp_path}/venv", "MCP_LISTEN="],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "memory-sidecar serve" in none
+    assert "--mcp-listen" not in none
 
 
 def _planned(target: str, tmp_path: Path) -> str:

@@ -8,6 +8,7 @@ added (or changed past recognition) without a test that runs it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -22,11 +23,12 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mcp import Client, StdioServerParameters
 
 from sidecar.api.access import parse_tokens
 from sidecar.config import settings
@@ -77,7 +79,11 @@ CLAIMS = {
     ),
     "memory-sidecar serve --mcp-listen": "test_mcp_listen_example_serves_mcp",
     '"type": "http"': "test_mcp_listen_example_serves_mcp",
-    '"command": "memory-sidecar"': "test_mcp_stdio_entry_is_a_valid_command",
+    "memory-sidecar mcp-config --host claude-desktop": (
+        "test_mcp_config_entry_runs_from_a_host_without_the_venv_on_path"
+    ),
+    '.venv/bin/memory-sidecar"': "test_mcp_config_entry_runs_from_a_host_without_the_venv_on_path",
+    "claude mcp add --transport http": "test_the_claude_code_line_is_what_mcp_config_prints",
     "const { tools }": NODE
     + "test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool",
     "memory-sidecar serve [--config": "test_serve_synopsis_matches_the_parser",
@@ -309,9 +315,15 @@ def test_make_run_serves_as_written(tmp_path: Path) -> None:
     flags = re.sub(
         r"--metrics-listen \S+?(\"|\s)", rf"--metrics-listen 127.0.0.1:{free_port()}\1", flags
     )
+    # make run serves MCP on 127.0.0.1:8765, where the README's HTTP entry
+    # points; here on a free port (MCP_LISTEN), as 50051 is on another.
+    assert "http://127.0.0.1:8765/mcp" in block("make run    #").text
+    assert http_entry()["url"] == "http://127.0.0.1:8765/mcp"
     for command in (plain, flags):
         env = environment(f"127.0.0.1:{free_port()}", tmp_path)
+        mcp_port = free_port()
         env.update(VENV=str(venv), DB=str(tmp_path / "var" / "memory.db"))
+        env["MCP_LISTEN"] = f"127.0.0.1:{mcp_port}"
         env["MAKEFLAGS"] = f"-o {venv}/.installed-run"
         planned = subprocess.run(
             ["make", "-n", "run"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
@@ -324,9 +336,11 @@ def test_make_run_serves_as_written(tmp_path: Path) -> None:
             if os.environ.get("CI"):
                 pytest.fail(message)
             pytest.skip(message)
+        assert f"--mcp-listen 127.0.0.1:{mcp_port}" in planned
         process = spawn(command, ROOT, env)
         try:
             wait_serving(env, tmp_path, process)
+            initialize_as_the_http_entry(mcp_port)
             if command is flags:
                 # The flags reached the daemon: its health listener answers.
                 env_health = {**env, "MEMORY_SIDECAR_LISTEN": health}
@@ -336,10 +350,44 @@ def test_make_run_serves_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "var" / "memory.db").exists()
 
 
+def http_entry() -> dict[str, Any]:
+    """The README's HTTP entry for an MCP host."""
+    entry: dict[str, Any] = json.loads(block('"type": "http"').text)["mcpServers"]["memory"]
+    return entry
+
+
+def initialize_as_the_http_entry(port: int) -> None:
+    """An MCP initialize, sent as the README's HTTP entry has a host send it
+    (its URL on `port` instead of 8765; no token: the daemon checks none)."""
+    entry = http_entry()
+    headers = {k: v for k, v in entry["headers"].items() if k != "Authorization"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "readme", "version": "0"},
+        },
+    }
+    request = urllib.request.Request(
+        entry["url"].replace(":8765/", f":{port}/"),
+        data=json.dumps(initialize).encode(),
+        headers={
+            **headers,
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read().decode()
+    assert '"serverInfo"' in body
+
+
 def test_mcp_listen_example_serves_mcp(tmp_path: Path) -> None:
     (command,) = block("memory-sidecar serve --mcp-listen").commands
-    entry = json.loads(block('"type": "http"').text)
-    url = entry["mcpServers"]["memory"]["url"]
+    url = http_entry()["url"]
     assert url == "http://" + command.split("--mcp-listen ")[1] + "/mcp"
     port = free_port()
     command = command.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
@@ -348,43 +396,70 @@ def test_mcp_listen_example_serves_mcp(tmp_path: Path) -> None:
     process = spawn(command, tmp_path, env)
     try:
         wait_serving(env, tmp_path, process)
-        headers = {
-            k: v
-            for k, v in entry["mcpServers"]["memory"]["headers"].items()
-            if k != "Authorization"
-        }
-        initialize = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "readme", "version": "0"},
-            },
-        }
-        request = urllib.request.Request(
-            url.replace("8765", str(port)),
-            data=json.dumps(initialize).encode(),
-            headers={
-                **headers,
-                "Content-Type": "application/json",
-                "Accept": "application/json, text/event-stream",
-            },
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body = response.read().decode()
-        assert '"serverInfo"' in body
+        initialize_as_the_http_entry(port)
     finally:
         stop(process)
 
 
-def test_mcp_stdio_entry_is_a_valid_command() -> None:
-    entry = json.loads(block('"command": "memory-sidecar"').text)["mcpServers"]["memory"]
-    assert entry["command"] == "memory-sidecar"
-    assert (BIN / "memory-sidecar").exists()
-    args = cli._parser().parse_args(entry["args"])
-    assert (args.command, args.agent_id, args.user_id) == ("mcp", "coder", "ada")
+def test_mcp_config_entry_runs_from_a_host_without_the_venv_on_path(
+    daemon: tuple[Path, dict[str, str]],
+) -> None:
+    cwd, env = daemon
+    (command,) = block("memory-sidecar mcp-config --host claude-desktop").commands
+    printed = json.loads(shell(command, cwd, env).stdout)["mcpServers"]["memory"]
+    shown = json.loads(block('.venv/bin/memory-sidecar"').text)["mcpServers"]["memory"]
+    # The shape the README shows: the bridge's arguments, the address the
+    # reader's configuration names (here the test daemon's), an absolute
+    # command: the venv's script, or (the package importable only from a
+    # checkout on PYTHONPATH, as where this suite may run) its interpreter.
+    address = env["MEMORY_SIDECAR_LISTEN"]
+    args = printed["args"]
+    if args[:2] == ["-m", "sidecar"]:
+        assert printed["command"] == str(BIN / Path(sys.executable).name)
+        args = args[2:]
+    else:
+        assert printed["command"] == str(BIN / "memory-sidecar")
+        assert "env" not in printed
+    assert shown["command"].endswith("/.venv/bin/memory-sidecar")
+    assert args == [a.replace("127.0.0.1:50051", address) for a in shown["args"]]
+
+    # As a host spawns it: its own PATH (no venv), its own directory.
+    elsewhere = cwd / "host"
+    elsewhere.mkdir()
+    host_env = {**printed.get("env", {}), "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    server = StdioServerParameters(
+        command=printed["command"], args=printed["args"], env=host_env, cwd=elsewhere
+    )
+
+    async def body() -> tuple[Any, Any]:
+        async with Client(server) as client:
+            added = await client.call_tool("memory", {"action": "add", "content": "Ada uses uv"})
+            found = await client.call_tool("memory_search", {"query": "uv"})
+            return added, found
+
+    added, found = asyncio.run(body())
+    assert not added.is_error, added.content
+    assert [h["content"] for h in found.structured_content["hits"]] == ["Ada uses uv"]
+    listed = shell("memory-sidecar list --agent-id coder --user-id ada --json", cwd, env).stdout
+    assert "Ada uses uv" in listed
+
+
+def test_the_claude_code_line_is_what_mcp_config_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (line,) = block("claude mcp add --transport http").commands
+    flags = "--host claude-code --transport http --agent-id coder --user-id ada"
+    assert f"memory-sidecar mcp-config {flags}" in " ".join(README.read_text().split())
+    assert cli.main(["mcp-config", *flags.split()], environ={}) == 0
+    assert capsys.readouterr().out == line + "\n"
+    # The same server as the README's HTTP entry: its URL, its scope headers.
+    words = shlex.split(line)
+    entry = http_entry()
+    assert words[:6] == ["claude", "mcp", "add", "--transport", "http", "memory"]
+    assert words[6] == entry["url"]
+    headers = dict(w.split(": ", 1) for w in words[8::2])
+    assert words[7::2] == ["--header"] * len(headers)
+    assert headers == {k: v for k, v in entry["headers"].items() if k != "Authorization"}
 
 
 def test_serve_synopsis_matches_the_parser() -> None:

@@ -30,6 +30,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from sidecar.api.access import SINGLE, TOKEN_FILE_BYTES, Grant, TokensFile, bearer_token, granted
+from sidecar.api.auth_log import AuthLog
 from sidecar.api.reloading import Reloading, Unreadable, read_regular
 from sidecar.core.errors import (
     DOMAIN,
@@ -275,11 +276,18 @@ class AuthInterceptor(grpc.ServerInterceptor):
     and every configured token is compared on every call.
     """
 
-    def __init__(self, token: TokenFile | None = None, tokens: TokensFile | None = None) -> None:
+    def __init__(
+        self,
+        token: TokenFile | None = None,
+        tokens: TokensFile | None = None,
+        auth_log: AuthLog | None = None,
+    ) -> None:
         if token is None and tokens is None:
             raise ValueError("AuthInterceptor needs a token file, a tokens file, or both")
         self._token = token
         self._tokens = tokens
+        # Refused calls are logged there, rate-limited (the MCP listener's too).
+        self.auth_log = auth_log or AuthLog()
 
     @property
     def files(self) -> tuple[Reloading[Any], ...]:
@@ -326,6 +334,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         try:
             grant = self.authenticate(presented)
         except Unauthenticated as error:
+            self.auth_log.refused("gRPC", error.reason, method)
             handler = continuation(handler_call_details)
             return None if handler is None else _refusing(handler, to_status(error))
         # Every authenticated call runs under its grant, unrestricted ones

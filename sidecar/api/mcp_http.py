@@ -15,6 +15,8 @@ Every HTTP request is bound before the SDK sees it (`_Gate`):
 - `X-Memory-Agent-Id` and `X-Memory-User-Id` name the scope (absent: ""),
   and the token's grant must allow it (403 otherwise), as the API refuses
   a request's scope. Tool arguments cannot name a scope.
+- A refused token, and a token sent to a daemon without auth, are logged
+  (sidecar.api.auth_log: rate-limited, without the token).
 - While the daemon waits for its database at start-up, every request with
   a valid token is refused: 503, DATABASE_UNAVAILABLE (as the API's calls).
 - The runtime session (InjectForTurn's session_id) is `X-Memory-Session-Id`
@@ -63,8 +65,15 @@ from starlette.types import Scope as AsgiScope
 
 from sidecar.api import mcp_server
 from sidecar.api.access import ANY, Grant, authorize, bearer_token, granted
+from sidecar.api.auth_log import AuthLog
 from sidecar.config.settings import Config, is_loopback
-from sidecar.core.errors import InvalidArgument, PermissionDenied, Reason, SidecarError
+from sidecar.core.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    Reason,
+    SidecarError,
+    Unauthenticated,
+)
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import Scope
 from sidecar.core.metrics import Metrics
@@ -186,9 +195,11 @@ class _Gate:
         limits: Limits,
         end_session: Callable[[Binding], Any],
         refusal: Callable[[], SidecarError | None],
+        auth_log: AuthLog,
     ) -> None:
         self._app = app
         self._auth = auth
+        self._auth_log = auth_log
         self._limits = limits
         self._end_session = end_session
         self._refusal = refusal
@@ -199,6 +210,8 @@ class _Gate:
         grant = ANY
         if self._auth is not None:
             grant = self._auth.authenticate(presented, header="Authorization")
+        elif presented:
+            self._auth_log.ignored("MCP", PATH)
         limit = self._limits.id_chars
         scope = Scope(
             agent_id=_header(headers, AGENT_HEADER, limit),
@@ -232,6 +245,8 @@ class _Gate:
             if waiting is not None:
                 raise waiting
         except SidecarError as exc:
+            if isinstance(exc, Unauthenticated):
+                self._auth_log.refused("MCP", exc.reason, f"{scope['method']} {PATH}")
             await _refusal(exc)(scope, receive, send)
             return
         scope[_BINDING] = binding
@@ -292,9 +307,11 @@ class McpListener:
         metrics: Metrics,
         end_session: Callable[[Scope, str], Any],
         auth: AuthInterceptor | None = None,
+        auth_log: AuthLog | None = None,
         refusal: Callable[[], SidecarError | None] = lambda: None,
     ) -> None:
         self._config, self._tools, self._auth = config, tools, auth
+        self._auth_log = auth_log or AuthLog()
         # Why requests are refused (the daemon waits for its database), or None.
         self._refused = refusal
         self._calls = metrics.mcp_tool_calls
@@ -328,7 +345,7 @@ class McpListener:
         app = Starlette(
             routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan
         )
-        return _Gate(app, self._auth, server.limits(), end, self._refused)
+        return _Gate(app, self._auth, server.limits(), end, self._refused, self._auth_log)
 
     def _mcp_server(self) -> Server[Any]:
         """sidecar.api.mcp_server over the tools, its engine calls on worker

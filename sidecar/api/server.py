@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.api.access import TokensFile
+from sidecar.api.auth_log import AuthLog, TokenIgnored
 from sidecar.api.interceptors import (
     AuthInterceptor,
     ErrorInterceptor,
@@ -180,7 +181,7 @@ def tls_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
-def _auth(server: ServerSettings) -> AuthInterceptor | None:
+def _auth(server: ServerSettings, auth_log: AuthLog) -> AuthInterceptor | None:
     """Bearer tokens on the API (and the MCP listener), when a token file or
     a tokens file is set.
 
@@ -191,7 +192,7 @@ def _auth(server: ServerSettings) -> AuthInterceptor | None:
     tokens = TokensFile(server.auth_tokens_file) if server.auth_tokens_file else None
     if token is None and tokens is None:
         return None
-    return AuthInterceptor(token, tokens)
+    return AuthInterceptor(token, tokens, auth_log)
 
 
 def _listening_socket(address: str, what: str) -> socket.socket:
@@ -272,7 +273,8 @@ class Sidecar:
         self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
         # Read before anything is installed on the store: an invalid token
         # file must not leave statement wrappers behind.
-        auth = _auth(config.server)
+        self.auth_log = AuthLog()
+        auth = _auth(config.server, self.auth_log)
         # Token files are re-read on a thread of their own: a call only reads
         # the set last swapped in, so no file can stall or fail it.
         self._reloads = Watcher(auth.files if auth else (), config.server.auth_reload_seconds)
@@ -316,7 +318,8 @@ class Sidecar:
             interceptors=[
                 *([self._tracing.interceptor()] if self._tracing else []),
                 MetricsInterceptor(self.metrics),
-                *([auth] if auth else []),
+                # Without auth, a token sent anyway is only warned of.
+                auth or TokenIgnored(self.auth_log),
                 self.gate,
                 ErrorInterceptor(),
             ],
@@ -348,6 +351,7 @@ class Sidecar:
             metrics=self.metrics,
             end_session=self.engine.end_session,
             auth=auth,
+            auth_log=self.auth_log,
             refusal=self.gate.refusal,
         )
 

@@ -32,6 +32,7 @@ import dataclasses
 import importlib.util
 import ipaddress
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -409,11 +410,17 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
                 "knowingly, insecure (--insecure)",
             )
     if server.mcp_listen and not _installed("mcp.server"):
-        raise ConfigError(
-            "server.mcp_listen",
-            "the MCP server needs the mcp extra: pip install 'memory-sidecar[mcp]'",
-        )
+        raise ConfigError("server.mcp_listen", f"the MCP server needs {mcp_extra_hint()}")
     return server
+
+
+def mcp_extra_hint() -> str:
+    """How to install the mcp extra into this interpreter. The package is on
+    no index: from the checkout, as `make run` does."""
+    return (
+        "the mcp extra, which `make run` installs; into this interpreter, from the "
+        f"checkout: {sys.executable} -m pip install -e '.[mcp]'"
+    )
 
 
 def _installed(module: str) -> bool:

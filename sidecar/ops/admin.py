@@ -6,8 +6,8 @@ Offline (on --db, safe while the daemon runs): backup, export, import, check,
 audit.
 
 Owns: the operator commands' behaviour and output: online ones as gRPC clients
-(channel, token, TLS, errors; the health check), offline ones on a Store
-(verified backup, export and import in sidecar.storage.archive's JSON-lines
+(errors, the health check; their channel is sidecar.ops.channel's), offline
+ones on a Store (verified backup, export and import in sidecar.storage.archive's JSON-lines
 format, check, the erasure audit log).
 Must not touch: the engine, SQL (all through Store), os.environ.
 index_large_tiers takes sidecar.domain.index's log-then-save steps itself
@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC
-from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -41,6 +40,7 @@ from sidecar.config.settings import Config
 from sidecar.core.clock import from_micros, parse_timestamp, to_micros
 from sidecar.core.errors import InvalidArgument, Reason, SidecarError
 from sidecar.core.memory import Memory, Tier
+from sidecar.ops.channel import online_channel
 from sidecar.ops.console import Progress, emit_json, table
 from sidecar.storage import archive
 from sidecar.storage.archive import export_line, iso_time, parse_line
@@ -138,38 +138,6 @@ def _usage_rows(usage: list[Any]) -> list[list[object]]:
 
 
 _USAGE_HEADERS = ("TIER", "USED", "LIMIT", "SHARE", "ENTRIES", "ENABLED")
-
-
-def online_channel(address: str, args: argparse.Namespace, config: Config) -> grpc.Channel:
-    """A channel with the token and TLS the daemon's configuration asks for."""
-    token_file = args.token_file or config.server.auth_token_file
-    ca_file = args.tls_ca_file or config.server.tls_cert_file
-    token = Path(token_file).read_text().strip() if token_file else ""
-    if not ca_file:
-        channel = grpc.insecure_channel(address)
-        return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
-    credentials = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
-    if token:
-        credentials = grpc.composite_channel_credentials(
-            credentials, grpc.access_token_call_credentials(token)
-        )
-    return grpc.secure_channel(address, credentials)
-
-
-class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds `authorization: Bearer` on a plaintext channel (the loopback or
-    Unix-socket API); grpc attaches call credentials only over TLS."""
-
-    def __init__(self, token: str) -> None:
-        self._metadata = ("authorization", f"Bearer {token}")
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        metadata = [*(details.metadata or ()), self._metadata]
-        return continuation(details._replace(metadata=metadata), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        # Server-streaming calls (ExportMemories) carry it too.
-        return self.intercept_unary_unary(continuation, details, request)
 
 
 class Online:

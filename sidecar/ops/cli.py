@@ -2,7 +2,8 @@
 
 One argparse parser for every subcommand: serve (sidecar.ops.daemon), the online
 and offline operator commands (sidecar.ops.admin), import-cagent (sidecar.ops.cagent),
-health, mcp (sidecar.ops.mcp_stdio, imported only for it: the mcp extra). Server
+health, mcp (sidecar.ops.mcp_stdio, imported only for it: the mcp extra),
+mcp-config (sidecar.ops.host_config). Server
 flags become configuration keys through sidecar.config.settings.load.
 
 Owns: subcommands, flags, exit codes and how a failure is reported.
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_import_cagent(commands, common)
     _add_health(commands)
     _add_online(commands)
+    _add_mcp_config(commands)
     _add_offline(commands, common)
     return parser
 
@@ -231,6 +233,41 @@ def _add_mcp(commands: Any, online: argparse.ArgumentParser) -> None:
         "--session-id",
         metavar="ID",
         help="the runtime session (default: one of its own, ended on exit)",
+    )
+
+
+def _add_mcp_config(commands: Any) -> None:
+    config = commands.add_parser(
+        "mcp-config",
+        help="print an agent host's entry for this sidecar, with absolute paths",
+    )
+    config.add_argument(
+        "--host",
+        required=True,
+        choices=("claude-code", "claude-desktop", "cursor"),
+        help="the agent host the entry is for",
+    )
+    config.add_argument(
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="stdio: the bridge `memory-sidecar mcp` (default; Claude Desktop takes only "
+        "this); http: the daemon's MCP listener",
+    )
+    config.add_argument("--name", default="memory", help="the server's name (default memory)")
+    config.add_argument("--config", metavar="FILE", help="YAML configuration (for the address)")
+    config.add_argument("--address", metavar="ADDR", help="the daemon's API, for stdio")
+    config.add_argument(
+        "--url",
+        help="the daemon's MCP URL, for http (default: the configured mcp_listen's, "
+        "else http://127.0.0.1:8765/mcp, where `make run` serves it)",
+    )
+    config.add_argument("--agent-id", default="", help="scope: the agent")
+    config.add_argument("--user-id", default="", help="scope: the user")
+    config.add_argument("--token-file", metavar="FILE", help="bearer token the bridge sends")
+    config.add_argument("--tls-ca-file", metavar="FILE", help="the bridge trusts this CA")
+    config.add_argument(
+        "--json", action="store_true", help="claude-code: the .mcp.json entry, not the command"
     )
 
 
@@ -437,13 +474,42 @@ def _mcp(args: argparse.Namespace, cfg: Config) -> int:
     try:
         from sidecar.ops import mcp_stdio
     except ImportError as exc:
-        print(
-            f"memory-sidecar: the mcp command needs the mcp extra "
-            f"(pip install 'memory-sidecar[mcp]'): {exc}",
-            file=sys.stderr,
-        )
+        from sidecar.config.settings import mcp_extra_hint
+
+        print(f"memory-sidecar: the mcp command needs {mcp_extra_hint()} ({exc})", file=sys.stderr)
         return EXIT_ERROR
     return mcp_stdio.run(args, cfg)
+
+
+def _mcp_config(args: argparse.Namespace, cfg: Config) -> int:
+    from sidecar.ops import host_config
+
+    server = cfg.server
+    scheme = "https" if server.tls_cert_file else "http"
+    listen = host_config.reachable_address(server.mcp_listen)
+    url = args.url or (f"{scheme}://{listen}/mcp" if server.mcp_listen else "")
+    entry = host_config.Entry(
+        host=args.host,
+        transport=args.transport,
+        name=args.name,
+        agent_id=args.agent_id,
+        user_id=args.user_id,
+        address=args.address or server.listen,
+        url=url or host_config.DEFAULT_URL,
+        token_file=args.token_file or server.auth_token_file,
+        tls_ca_file=args.tls_ca_file or "",
+        config=args.config or "",
+        as_json=args.json,
+    )
+    print(host_config.render(entry))
+    if entry.token_file:
+        from sidecar.ops.channel import read_token
+
+        try:
+            read_token(entry.token_file)
+        except SidecarError as exc:  # the entry stands; the bridge will say so too
+            print(f"memory-sidecar: warning: {exc.reason}: {exc.message}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -466,6 +532,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _offline(args, cfg)
         if args.command == "mcp":
             return _mcp(args, cfg)
+        if args.command == "mcp-config":
+            return _mcp_config(args, cfg)
         from sidecar.ops import admin
 
         if args.command == "health":

@@ -232,6 +232,13 @@ def _log_serving(addresses: Addresses, store: Store, version: int) -> None:
         store.path,
         version,
     )
+    if addresses.mcp:
+        # The URL on a line of its own: what an operator pastes into a host.
+        log.info(
+            "MCP (streamable HTTP) at %s; `memory-sidecar mcp-config --host HOST` prints "
+            "an entry for Claude Code, Claude Desktop or Cursor",
+            addresses.mcp,
+        )
 
 
 def _shut_down(config: Config, sidecar: Sidecar, store: Store) -> None:

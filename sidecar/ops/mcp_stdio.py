@@ -9,6 +9,10 @@ caches, sessions and snapshots, so a write through this bridge refreshes
 frozen blocks exactly as any gRPC write does, and the token's grant
 (per-agent tokens) applies unchanged.
 
+A token or CA file it cannot read is said in one line on stderr (a host's
+log shows it) and the bridge still serves MCP, answering every request
+with that reason (TOKEN_FILE_UNREADABLE, ...), so the host shows it too.
+
 The scope is the command line's (`--agent-id`, `--user-id`), never the
 model's. The runtime session is `--session-id`, or one of the process's own
 that it ends (EndSession) when the client closes it. The daemon's address,
@@ -18,17 +22,20 @@ token and TLS come as for the other online commands (`--address`,
 Owns: the bridge: the gRPC Backend, gRPC errors turned back into
 SidecarErrors (so both transports answer alike), the process's session.
 Must not touch: the engine or the store, os.environ. It takes the online
-commands' channel (token, TLS) from sidecar.ops.admin.online_channel.
+commands' channel (token, TLS) from sidecar.ops.channel.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -57,7 +64,7 @@ from sidecar.core.errors import (
     Unimplemented,
 )
 from sidecar.domain.tool_definitions import ToolDef, ToolResult
-from sidecar.ops.admin import online_channel
+from sidecar.ops.channel import online_channel
 
 log = logging.getLogger("sidecar.mcp_stdio")
 
@@ -166,16 +173,48 @@ class Bridge:
             log.info("could not end the MCP session %s: %s", self.session_id, exc.message)
 
 
-async def _serve(bridge: Bridge) -> None:
-    server = mcp_server.build(lambda ctx: bridge)
+@dataclass(frozen=True, slots=True)
+class Refusing:
+    """sidecar.api.mcp_server.Backend that answers every request with why the
+    bridge cannot reach the daemon (its token or CA file unreadable): the
+    host still gets its MCP session, and reads the reason in each error."""
+
+    error: SidecarError
+
+    def definitions(self) -> list[ToolDef]:
+        raise self.error
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        raise self.error
+
+    def frozen_block(self) -> str:
+        raise self.error
+
+    def turn_context(self, user_message: str) -> str:
+        raise self.error
+
+
+async def _serve(backend: mcp_server.Backend) -> None:
+    server = mcp_server.build(lambda ctx: backend)
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+
+
+def _refuse(error: SidecarError) -> int:
+    """One line on stderr (the host's log), then MCP on stdio, refusing."""
+    print(f"memory-sidecar: {error.reason}: {error.message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(_serve, Refusing(error))
+    return 1
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """Serve MCP on stdin and stdout until the client closes them."""
     address = args.address or config.server.listen
-    channel = online_channel(address, args, config)
+    try:
+        channel = online_channel(address, args, config)
+    except SidecarError as exc:
+        return _refuse(exc)
     own = not args.session_id
     bridge = Bridge(
         channel,

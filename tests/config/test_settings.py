@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from sidecar.config import settings
 from sidecar.core.errors import ConfigError
-from tests.conftest import run_sidecar
+from tests.conftest import ROOT, run_sidecar
 
 FILE = """
 server:
@@ -234,3 +236,26 @@ def test_the_semantic_api_key_is_resolved_and_never_printed(tmp_path: Path) -> N
     loaded = settings.load(path, environ={"EMBED_KEY": "s3cret-key"})
     assert loaded.server.semantic_api_key == "s3cret-key"
     assert "s3cret-key" not in repr(loaded)
+
+
+def test_without_the_mcp_extra_the_message_says_what_installs_it(tmp_path: Path) -> None:
+    # The package is on no index: the hint is the checkout's install, into
+    # the interpreter that runs the daemon (here with `mcp` made unimportable).
+    hidden = "import sys; sys.modules['mcp'] = None; from sidecar.ops.cli import main; "
+    for argv, code in (
+        (["serve", "--db", str(tmp_path / "m.db"), "--mcp-listen", "127.0.0.1:0"], 2),
+        (["mcp", "--address", f"unix:{tmp_path / 'none.sock'}"], 1),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", hidden + f"sys.exit(main({argv!r}, environ={{}}))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert result.returncode == code, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert "`make run` installs" in line
+        assert f"{sys.executable} -m pip install -e '.[mcp]'" in line
+        assert "memory-sidecar[mcp]" not in line

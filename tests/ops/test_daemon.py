@@ -276,3 +276,26 @@ def test_a_burst_of_sigterms_stops_the_daemon_cleanly(tmp_path: Path) -> None:
         assert any(line.endswith("INFO sidecar: stopped") for line in daemon.log), daemon.log
     finally:
         daemon.close()
+
+
+def test_the_mcp_url_is_logged_on_a_line_of_its_own(tmp_path: Path) -> None:
+    daemon = spawn_daemon(
+        "--db",
+        str(tmp_path / "memory.db"),
+        "--listen",
+        "127.0.0.1:0",
+        "--mcp-listen",
+        "127.0.0.1:0",
+        timeout=120,
+    )
+    try:
+        assert daemon.mcp.startswith("http://127.0.0.1:")
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.wait() == 0, "\n".join(daemon.log)
+    finally:
+        daemon.close()
+    (line,) = [line for line in daemon.log if "MCP (streamable HTTP) at" in line]
+    assert line.endswith(
+        f"MCP (streamable HTTP) at {daemon.mcp}; `memory-sidecar mcp-config --host HOST` "
+        "prints an entry for Claude Code, Claude Desktop or Cursor"
+    )

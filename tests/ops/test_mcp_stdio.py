@@ -10,6 +10,7 @@ the scope is the command line's.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -245,3 +246,36 @@ def test_the_command_takes_the_online_commands_options() -> None:
         assert flag in shown.stdout
     assert "--session-id" in shown.stdout
     assert "--json" not in shown.stdout
+
+
+def test_a_token_file_it_cannot_read_is_the_hosts_error_and_one_line_of_log(
+    tmp_path: Path,
+) -> None:
+    missing = str(tmp_path / "gone.token")
+    api = f"unix:{tmp_path / 'daemon.sock'}"
+
+    async def body() -> None:
+        async with bridge(api, "--token-file", missing) as client:
+            await client.list_tools()
+
+    error = refused_connection(body)
+    assert error.code == -32600
+    assert (error.data["code"], error.data["reason"]) == (
+        "UNAUTHENTICATED",
+        "TOKEN_FILE_UNREADABLE",
+    )
+    assert missing in error.message
+    # What the host's log shows: one line on stderr, no traceback; the
+    # bridge ends when the host closes its stdin.
+    spawned = subprocess.run(
+        [sys.executable, "-m", "sidecar", "mcp", "--address", api, "--token-file", missing],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert spawned.returncode == 1
+    (line,) = spawned.stderr.splitlines()
+    assert line.startswith("memory-sidecar: TOKEN_FILE_UNREADABLE: the bearer token (--token-file)")
