@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import ROOT, MakeSidecar, require_tool
+from tests.endpoint import JsonEndpoint
 
 EXAMPLE = ROOT / "examples" / "node"
 
@@ -25,13 +29,19 @@ BUDGET_ERROR_INFO = {
 }
 
 
-def run_example(script: str, address: str) -> list[dict[str, Any]]:
-    """The JSON lines a Node example prints against the daemon at `address`."""
+def node_and_packages() -> str:
+    """Node's path, once the Node example's packages are installed."""
     node = require_tool(shutil.which("node"), "Node.js")
     require_tool(
         str(EXAMPLE / "node_modules") if (EXAMPLE / "node_modules").is_dir() else None,
         "the Node example's packages (`make node-example` installs them with npm)",
     )
+    return node
+
+
+def run_example(script: str, address: str) -> list[dict[str, Any]]:
+    """The JSON lines a Node example prints against the daemon at `address`."""
+    node = node_and_packages()
     result = subprocess.run(
         [node, str(EXAMPLE / script), address],
         capture_output=True,
@@ -139,3 +149,153 @@ def test_node_drives_claudes_memory_tool_through_the_sdks_helper(
         "CI runs on Debian",
         "The user prefers short answers",
     ]
+
+
+@dataclass
+class MessagesApi(JsonEndpoint):
+    """Anthropic's Messages API as far as the loop needs it: each POST gets
+    the next of `replies` (a message's content blocks) as a message that
+    stops for its tool_use blocks, or ends the turn without any."""
+
+    replies: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    def answer(self, body: dict[str, Any]) -> bytes:
+        content = self.replies[len(self.requests) - 1]
+        uses = any(block["type"] == "tool_use" for block in content)
+        message = {
+            "id": f"msg_{len(self.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": "tool_use" if uses else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+        return json.dumps(message).encode()
+
+
+def test_the_typescript_loop_in_the_api_docs_type_checks_and_runs(
+    make_sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    # docs/API.md's TypeScript loop, as written: checked by tsc --strict
+    # against the SDK's and Node's types, then run against a real daemon with
+    # a stand-in for Anthropic's API replying as Claude would (the same
+    # replies as test_memory_files.py's Python loop gets).
+    node = node_and_packages()
+    tsc = EXAMPLE / "node_modules" / "typescript" / "bin" / "tsc"
+    require_tool(
+        str(tsc) if tsc.is_file() else None,
+        "TypeScript in the Node example's packages (`make node-example` installs it)",
+    )
+    running = make_sidecar()
+    api = (ROOT / "docs" / "API.md").read_text()
+    loop = api[api.index("**The loop in TypeScript**") :]
+    code = loop[loop.index("```ts\n") + len("```ts\n") : loop.index("```\n\nWith")]
+    (tmp_path / "loop.mts").write_text(code.replace("127.0.0.1:50051", running.addresses.api))
+    # Its imports resolve as in examples/node: that one's packages, and its
+    # stubs.js (typed by tsc from the JavaScript, run from where it lies).
+    (tmp_path / "node_modules").symlink_to(EXAMPLE / "node_modules", target_is_directory=True)
+    (tmp_path / "stubs.js").symlink_to(EXAMPLE / "stubs.js")
+    options = {
+        "strict": True,
+        "module": "nodenext",
+        "target": "es2022",
+        "types": ["node"],
+        "allowJs": True,
+        "skipLibCheck": True,
+    }
+    config = {"compilerOptions": options, "files": ["loop.mts"]}
+    (tmp_path / "tsconfig.json").write_text(json.dumps(config))
+
+    def compile_(*flags: str) -> None:
+        result = subprocess.run(
+            [node, str(tsc), "--project", str(tmp_path / "tsconfig.json"), *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    compile_("--noEmit")
+    # To JavaScript (loop.mjs, beside it) without also emitting stubs.js,
+    # which would then look for the protos from here: stubs.js untyped.
+    compile_("--allowJs", "false", "--noImplicitAny", "false")
+
+    messages_api = MessagesApi(
+        replies=[
+            [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "memory",
+                    "input": {"command": "view", "path": "/memories/notes.md"},
+                }
+            ],
+            [
+                {"type": "text", "text": "Noted."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_2",
+                    "name": "memory",
+                    "input": {
+                        "command": "insert",
+                        "path": "/memories/notes.md",
+                        "insert_line": 0,
+                        "insert_text": "We deploy to eu-west-1",
+                    },
+                },
+            ],
+            [{"type": "text", "text": "Saved."}],
+        ]
+    )
+    environ = {
+        name: value for name, value in os.environ.items() if not name.startswith("ANTHROPIC_")
+    }
+    with messages_api.serving():
+        environ["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{messages_api.port}"
+        environ["ANTHROPIC_API_KEY"] = "sk-ant-test"
+        result = subprocess.run(
+            [node, str(tmp_path / "loop.mjs")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environ,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+
+    requests = messages_api.requests
+    assert [r["path"] for r in requests] == ["/v1/messages"] * 3
+    bodies = [r["body"] for r in requests]
+    assert [b["tools"] for b in bodies] == [[{"type": "memory_20250818", "name": "memory"}]] * 3
+    assert bodies[0]["messages"] == [
+        {"role": "user", "content": "Remember that we deploy to eu-west-1."}
+    ]
+    # Claude's reply goes back as it came, then the tool_result of its tool_use.
+    assert bodies[1]["messages"][1] == {
+        "role": "assistant",
+        "content": messages_api.replies[0],
+    }
+    assert bodies[1]["messages"][2] == {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": "Here's the content of /memories/notes.md with line numbers:",
+                "is_error": False,
+            }
+        ],
+    }
+    assert bodies[2]["messages"][-1]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_2",
+            "content": "The file /memories/notes.md has been edited.",
+            "is_error": False,
+        }
+    ]
+    listed = running.list(scope=pb.Scope(agent_id="coder", user_id="ada"))
+    assert [m.content for m in listed.memories] == ["We deploy to eu-west-1"]
