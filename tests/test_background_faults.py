@@ -63,7 +63,9 @@ def test_the_expiry_sweep_warns_of_a_busy_database_and_sweeps_later(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sidecar")
     clock = WallClock()
-    sidecar = make_sidecar(clock=clock, expiry_sweep_seconds=0.05, busy_timeout_ms=20)
+    sidecar = make_sidecar(
+        clock=clock, expiry_sweep_seconds=0.05, expiry_grace_seconds=0, busy_timeout_ms=20
+    )
     sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
     clock.move(2)
     with write_locked(sidecar.db_path):
