@@ -16,8 +16,9 @@ against. Expired rows are found
 through the partial indexes of schema 7, which hold only rows with an
 expiry: idx_memories_partition_expiry for a partition's (a write's, the
 sweep's batch), idx_memories_expiry for the earliest anywhere (the sweep's
-`due`). A database where nothing expires pays one empty index probe per
-write.
+`due`). A database where nothing expires pays an empty index probe or two
+per write (the rows past their grace, and with a grace the weight of those
+in it) and one per load of a partition (`hidden`).
 
 One of the storage modules, the only code that touches SQL (see
 sidecar.storage.store). Like the store's, the sweep opens a pooled connection for
