@@ -3,12 +3,13 @@ one large tier.
 
 Owns `bench_expiry_sweep`: a tier of 1,000,000 memories (10,000 in the quick
 run, as section 13), held compactly, a tenth of them with an expiry a year
-ahead. The daemon's background sweep runs every 0.2 s. The baseline is
-InjectForTurn on that tier with nothing expired; then the tenth's expiry is
-moved to now (one UPDATE from outside the daemon) and the same turns are
-measured while the sweep removes them, 500 per transaction. Each batch
-advances the tier's generation, so turns rebuild the frozen block (reading
-its entries back by seq) where the baseline reused it.
+ahead. The daemon's background sweep runs every 0.2 s, with no grace (rows
+go as they expire). The baseline is InjectForTurn on that tier with nothing
+expired; then the tenth's expiry is moved to now (one UPDATE from outside
+the daemon) and the same turns are measured while the sweep removes them,
+500 per transaction. Each batch advances the tier's generation, so turns
+rebuild the frozen block (reading its entries back by seq) where the
+baseline reused it.
 
 Must not touch the shared helpers; its database is expiry-N.db, in the work
 directory it is given.
@@ -32,7 +33,11 @@ from sidecar.core.clock import system_clock, to_micros
 from sidecar.core.memory import Tier
 
 YEAR_MICROS = 365 * 24 * 3600 * 1_000_000
-SWEEP = "server: {compact_tier_entries: 1, expiry_sweep_seconds: 0.2, expiry_sweep_batch: 500}\n"
+# No grace (server.expiry_grace_seconds): the sweep removes what expires at once.
+SWEEP = (
+    "server: {compact_tier_entries: 1, expiry_sweep_seconds: 0.2, expiry_sweep_batch: 500,"
+    " expiry_grace_seconds: 0}\n"
+)
 
 
 def _expiring(db: Path) -> int:

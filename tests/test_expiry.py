@@ -48,6 +48,9 @@ SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 # No background sweep unless a test asks: what is shown must follow the
 # clock alone, with no write and no removal.
 NO_SWEEP = {"expiry_sweep_seconds": 0}
+# Expired rows removed as soon as they expire: no grace for a clock set back
+# (test_a_clock_set_back_shows_an_expired_entry_again has one).
+NO_GRACE = {"expiry_grace_seconds": 0}
 TTL = 2
 
 
@@ -214,7 +217,7 @@ def test_an_expired_entry_cannot_be_updated_or_deleted(
 def test_expired_entries_do_not_count_against_the_budget(
     clock: WallClock, make_sidecar: MakeSidecar
 ) -> None:
-    sidecar = make_sidecar("defaults: {memory_char_limit: 40}", **NO_SWEEP)
+    sidecar = make_sidecar("defaults: {memory_char_limit: 40}", **NO_SWEEP, **NO_GRACE)
     brief = sidecar.add("a" * 30, scope=SCOPE, ttl_seconds=1)
     error = refused(sidecar.add, "b" * 30, scope=SCOPE)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -338,7 +341,7 @@ def test_update_sets_and_clears_an_expiry(clock: WallClock, sidecar: Running) ->
 def test_the_sweep_removes_expired_rows_in_batches(
     clock: WallClock, make_sidecar: MakeSidecar
 ) -> None:
-    sidecar = make_sidecar(expiry_sweep_seconds=0, expiry_sweep_batch=2)
+    sidecar = make_sidecar(expiry_sweep_seconds=0, expiry_sweep_batch=2, **NO_GRACE)
     brief = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
     sidecar.add("note kept", scope=SCOPE)
     other = sidecar.add("their note", scope=pb.Scope(agent_id="reviewer"), ttl_seconds=1)
@@ -358,7 +361,7 @@ def test_the_sweep_removes_expired_rows_in_batches(
 
 
 def test_the_background_sweep_runs(clock: WallClock, make_sidecar: MakeSidecar) -> None:
-    sidecar = make_sidecar(expiry_sweep_seconds=0.1)
+    sidecar = make_sidecar(expiry_sweep_seconds=0.1, **NO_GRACE)
     brief = sidecar.add("note", scope=SCOPE, ttl_seconds=1)
     wait_past(clock, brief)
     eventually(lambda: row_count(sidecar) == 0, "the sweep removes the row", pause=0.05)
@@ -372,6 +375,7 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
         f"defaults: {{snapshot_refresh: {refresh}, memory_char_limit: 0}}",
         compact_tier_entries=4,
         **NO_SWEEP,
+        **NO_GRACE,
     )
     for i in range(5):
         sidecar.add(f"Standing fact number {i}", scope=SCOPE)
@@ -489,7 +493,9 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
     clock: WallClock,
     make_sidecar: MakeSidecar,
 ) -> None:
-    sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
+    sidecar = make_sidecar(
+        "defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP, **NO_GRACE
+    )
     for i in range(5):
         sidecar.add(f"Standing fact number {i}", scope=SCOPE)
     brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
@@ -520,7 +526,9 @@ def test_a_write_to_a_compact_tier_removes_its_expired_entries_in_place(
 def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_one(
     clock: WallClock, make_sidecar: MakeSidecar, replay: bool
 ) -> None:
-    sidecar = make_sidecar("defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP)
+    sidecar = make_sidecar(
+        "defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP, **NO_GRACE
+    )
     for i in range(5):
         sidecar.add(f"Standing fact number {i}", scope=SCOPE)
     key_of_first = "add-standing-0" if replay else ""
@@ -552,7 +560,9 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
 def test_a_write_removes_at_most_a_batch_of_expired_entries(
     clock: WallClock, make_sidecar: MakeSidecar
 ) -> None:
-    sidecar = make_sidecar("defaults: {memory_char_limit: 400}", expiry_sweep_batch=3, **NO_SWEEP)
+    sidecar = make_sidecar(
+        "defaults: {memory_char_limit: 400}", expiry_sweep_batch=3, **NO_SWEEP, **NO_GRACE
+    )
     briefs = [
         sidecar.add(f"expiring note number {i:02d} here", scope=SCOPE, ttl_seconds=1)
         for i in range(10)
@@ -613,3 +623,121 @@ def test_an_import_removes_expired_entries_first(tmp_path: Path) -> None:
         assert [k for (k,) in kinds].count("expire") == 2
     finally:
         store.close()
+
+
+# --- a wall clock stepped ahead, then back -------------------------------------
+# The daemon's default grace (server.expiry_grace_seconds, 6 h): an expired
+# entry is hidden at once but removed only once its expiry is that old.
+HOUR = 3600
+
+
+@pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
+def test_a_clock_set_back_shows_an_expired_entry_again(
+    clock: WallClock, make_sidecar: MakeSidecar, refresh: str
+) -> None:
+    sidecar = make_sidecar(f"defaults: {{snapshot_refresh: {refresh}}}", **NO_SWEEP)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=HOUR)
+    sidecar.add("The repo uses uv", scope=SCOPE)
+    assert brief.memory.id in sidecar.turn("s", "staging", scope=SCOPE).system_block_memory_ids
+    assert sidecar.turn("s", scope=SCOPE).cache_hit
+    right = clock.now
+
+    # Two hours ahead: hidden at once, everywhere; neither the sweep nor a
+    # write to its tier removes it.
+    clock.move(2 * HOUR)
+    ahead = sidecar.turn("s", "staging", scope=SCOPE)
+    assert "staging cluster" not in ahead.system_block + ahead.turn_context
+    assert contents(sidecar, SCOPE) == ["The repo uses uv"]
+    assert sidecar.sidecar.engine.sweep_expired() == 0
+    sidecar.add("The repo pins Python 3.12", scope=SCOPE)
+    assert row_count(sidecar) == 3
+    assert events(sidecar, "expire") == []
+
+    # Set back: it shows again, in the frozen block too (no write told
+    # anyone: each cache compares its clock), in searches and lists.
+    clock.now = right
+    back = sidecar.turn("s", "staging", scope=SCOPE)
+    assert not back.cache_hit
+    assert brief.memory.id in back.system_block_memory_ids
+    assert "pins Python" in back.system_block
+    found = sidecar.stub.SearchMemories(
+        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=10
+    )
+    assert [h.memory.id for h in found.hits] == [brief.memory.id]
+    assert "The staging cluster is down today" in contents(sidecar, SCOPE)
+    assert sidecar.turn("s", scope=SCOPE).cache_hit
+
+    # Past its expiry and the grace, the sweep removes it for good.
+    clock.move(HOUR + 6 * HOUR + 1)
+    assert sidecar.sidecar.engine.sweep_expired() == 1
+    assert [m for _, m in events(sidecar, "expire")] == [brief.memory.id]
+    clock.now = right
+    # (A new session: under on_compaction "s" keeps its frozen block past
+    # a removal, as past a delete.)
+    again = sidecar.turn("s2", "staging", scope=SCOPE)
+    assert brief.memory.id not in again.system_block_memory_ids
+    assert "staging cluster" not in contents(sidecar, SCOPE, include_expired=True)
+
+
+def test_a_compact_tier_shows_an_expired_entry_again_when_the_clock_is_set_back(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = make_sidecar(
+        "defaults: {snapshot_refresh: on_compaction, memory_char_limit: 0}",
+        compact_tier_entries=4,
+        **NO_SWEEP,
+    )
+    for i in range(5):
+        sidecar.add(f"Standing fact number {i}", scope=SCOPE)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=HOUR)
+    assert brief.memory.id in sidecar.turn("s", "staging", scope=SCOPE).system_block_memory_ids
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = sidecar.sidecar.engine.inside().partitions.cached(key)
+    assert isinstance(held, CompactPartition)
+    right = clock.now
+
+    clock.move(2 * HOUR)
+    assert brief.memory.id not in sidecar.turn("s", "staging", scope=SCOPE).system_block_memory_ids
+    assert sidecar.turn("s", scope=SCOPE).cache_hit
+    clock.now = right
+    back = sidecar.turn("s", "staging", scope=SCOPE)
+    assert not back.cache_hit
+    assert brief.memory.id in back.system_block_memory_ids
+    # The same compact partition: its entries are read back by the clock.
+    assert sidecar.sidecar.engine.inside().partitions.cached(key) is held
+
+
+def test_an_entry_hidden_by_a_clock_ahead_frees_its_budget_and_returns_over_it(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = make_sidecar("defaults: {memory_char_limit: 40}", **NO_SWEEP)
+    sidecar.add("a" * 30, scope=SCOPE, ttl_seconds=HOUR)
+    right = clock.now
+    clock.move(2 * HOUR)
+    # Hidden, it weighs nothing: the write fits.
+    added = sidecar.add("b" * 30, scope=SCOPE)
+    assert added.usage.used_chars == 30
+
+    # Back, both count: the tier reads over its budget, as after a lowered
+    # budget, and refuses growth until something is removed.
+    clock.now = right
+    usage = {u.tier: u for u in sidecar.list(scope=SCOPE).usage}[pb.TIER_MEMORY]
+    assert (usage.used_chars, usage.entry_count) == (63, 2)
+    error = refused(sidecar.add, "c", scope=SCOPE)
+    assert error_info(error).reason == "TIER_BUDGET_EXCEEDED"
+    sidecar.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=10)
+    assert sidecar.add("c", scope=SCOPE).created
+
+
+def test_forget_user_erases_an_entry_hidden_by_a_clock_ahead(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = make_sidecar(**NO_SWEEP)
+    user = pb.Scope(agent_id="coder", user_id="ada")
+    sidecar.add("Ada is on call this week", scope=user, tier=pb.TIER_USER, ttl_seconds=HOUR)
+    right = clock.now
+    clock.move(2 * HOUR)
+    sidecar.stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=30)
+    clock.now = right
+    assert contents(sidecar, user, include_expired=True) == []
+    assert "on call" not in sidecar.turn("s", scope=user).system_block

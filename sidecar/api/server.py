@@ -361,6 +361,9 @@ class Sidecar:
         while not self._stopped.wait(interval):
             try:
                 self.engine.sweep_expired(stop=self._stopped.is_set)
+            except SidecarError as exc:  # a database fault: its reason says it all
+                why = f"{exc} ({exc.reason})"
+                log.warning("expiry sweep failed: %s; trying again in %.1f s", why, interval)
             except Exception:
                 # Expired entries stay invisible meanwhile; keep sweeping.
                 log.exception("expiry sweep failed; trying again in %.1f s", interval)
@@ -374,6 +377,9 @@ class Sidecar:
         while not self._stopped.wait(interval):
             try:
                 self.engine.evict_idle()
+            except SidecarError as exc:  # a database fault: its reason says it all
+                why = f"{exc} ({exc.reason})"
+                log.warning("session sweep failed: %s; trying again in %.0f s", why, interval)
             except Exception:
                 # A janitor that dies stops every eviction by age; keep sweeping.
                 log.exception("session sweep failed; trying again in %.0f s", interval)

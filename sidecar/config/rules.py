@@ -82,6 +82,10 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
         None if v == 0 or 0.05 <= v <= 86_400 else "must be 0 (off) or between 0.05 and 86400"
     ),
     "expiry_sweep_batch": _between(1, 100_000),
+    # A month at most: a clock wrong for longer is an outage, not a step.
+    "expiry_grace_seconds": lambda v: (
+        None if 0 <= v <= 2_678_400 else "must be between 0 and 2678400 (31 days)"
+    ),
     "auth_reload_seconds": _between(0.05, 3600),
     "semantic_encoder": _one_of("off", "local", "endpoint"),
     "semantic_base_url": lambda v: (

@@ -199,10 +199,12 @@ class ServerSettings:
     semantic_query_prefix: str = ""
     semantic_document_prefix: str = ""
     # How often expired entries are removed (sidecar.domain.expiry; 0: never, then
-    # only writes remove their own tier's), and at most how many per tier
-    # per transaction. An expired entry is invisible either way.
+    # only writes remove their own tier's), at most how many per tier per
+    # transaction, and how long after its expiry an entry is kept, hidden, so
+    # a wall clock stepped back shows it again. Invisible either way.
     expiry_sweep_seconds: float = 30.0
     expiry_sweep_batch: int = 500
+    expiry_grace_seconds: float = 6 * 3600.0
     # Sessions of all agents together; beyond it the least recently used go.
     max_sessions_total: int = 50_000
     # Request limits (characters, except max_request_bytes).

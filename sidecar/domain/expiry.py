@@ -8,7 +8,10 @@ An expired entry is invisible from the moment it expires, on every replica
 and with no write (the store's reads leave it out, a cached partition or
 view showing it is stale by the clock: sidecar.domain.partition,
 sidecar.domain.snapshots). Removing the rows is this module's sweep, and every
-write removes its own partition's first (sidecar.storage.expiry).
+write removes its own partition's first (sidecar.storage.expiry), but only
+once their expiry is server.expiry_grace_seconds old: until then a clock
+set back shows an entry again (the caches and views that left it out are
+stale by the clock then, as they are when an entry they show expires).
 
 The sweep is a steppable loop (`run_once(now)`, started by sidecar.api.server):
 each step removes up to `batch` expired rows per partition, one write
@@ -138,10 +141,10 @@ class Expiry:
         max_batches: int = 1000,
         stop: Callable[[], bool] = lambda: False,
     ) -> int:
-        """Remove entries expired by `now` (the clock's time by default), at
-        most `batch` per partition per transaction and `max_batches`
-        transactions in all, until `stop` says so; return how many were
-        removed."""
+        """Remove entries expired by `now` (the clock's time by default)
+        minus the store's grace, at most `batch` per partition per
+        transaction and `max_batches` transactions in all, until `stop` says
+        so; return how many were removed."""
         at = self.now() if now is None else to_micros(now)
         removed = batches = 0
         while batches < max_batches and not stop():

@@ -143,6 +143,16 @@ class Indexer:
                 # Another process saved a newer one, or the log was dropped
                 # (a bulk write) after this was read: not at every write.
                 partition.storage.refused_at = self._now()
+        except SidecarError as exc:  # a database fault: its reason says it all
+            partition.storage.refused_at = self._now()
+            log.warning(
+                "could not persist the compact index of %s/%s: %s (%s); trying again in %.0f s",
+                key[1],
+                key[0].value,
+                exc,
+                exc.reason,
+                INDEX_RETRY_SECONDS,
+            )
         except Exception:  # tried again after INDEX_RETRY_SECONDS
             partition.storage.refused_at = self._now()
             log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)

@@ -15,9 +15,11 @@ writes made by other processes: other replicas, `import`, `import-cagent`.
 While the feed is unverified (its listener lost, its poller failing),
 callers `verify` the partitions they use against the database first. A
 partition held in full is also stale once its first entry expires (by the
-store's clock: no write, no query), and loads without it; a compact one
-never is, since the entries it returns are read back and an expired one is
-not.
+store's clock: no write, no query), and loads without it, and once the
+clock is set back before the expiry of an entry it was loaded without
+(expired, not removed yet: see server.expiry_grace_seconds), and loads with
+it again; a compact one never is, since the entries it returns are read
+back by the clock.
 
 Locks: a partition stripe (64 of them, by key) is held by a load and by a
 write of this process to that partition, so the two never interleave: the
@@ -259,7 +261,8 @@ class Partitions:
         newest = self.generations.current(key)
         if newest is None or partition.generation < newest:
             return False
-        return partition.expires == math.inf or partition.expires > self.clock().timestamp()
+        now = self.clock().timestamp()
+        return partition.hidden <= now < partition.expires
 
     # --- loading --------------------------------------------------------------
 
@@ -295,8 +298,15 @@ class Partitions:
         if logged and threshold:
             self.indexer.held_in_full(tier, owner)
         loaded = self._store.tier_entries(tier, owner)
+        hidden = -math.inf if loaded.hidden is None else loaded.hidden / 1_000_000
         return Partition.build(
-            tier, owner, loaded.generation, loaded.memories, loaded.usage, **self._annotations()
+            tier,
+            owner,
+            loaded.generation,
+            loaded.memories,
+            loaded.usage,
+            hidden=hidden,
+            **self._annotations(),
         )
 
     def _annotations(self) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class View:
     # When the first entry it shows expires (a POSIX time; inf: none will):
     # it is then stale, even when frozen until compaction (Snapshots.expired).
     expires: float = math.inf
+    # A clock set back before this (a POSIX time) may show entries it was
+    # built without, as expired but not removed yet: it is stale then too.
+    # Its partitions' `hidden`, or when it read a compact tier's entries.
+    hidden: float = -math.inf
 
     @property
     def content_key(self) -> tuple[object, ...]:
@@ -119,9 +123,11 @@ class Snapshots:
         return fresh if all(fresh) else [False] * len(fresh)
 
     def expired(self, view: View) -> bool:
-        """Whether an entry the view shows has expired: by the clock alone,
+        """Whether an entry the view shows has expired, or one it leaves out
+        as expired shows again (the clock was set back): by the clock alone,
         so every replica sees it with no write and no query."""
-        return view.expires != math.inf and view.expires <= self._partitions.clock().timestamp()
+        now = self._partitions.clock().timestamp()
+        return not view.hidden <= now < view.expires
 
     def _is_current(self, view: View) -> bool:
         return not self.expired(view) and all(self._partitions.is_fresh(p) for p in view.partitions)
@@ -195,6 +201,10 @@ class Snapshots:
         text = blocks.system_block(parts)
         shown_seqs = frozenset(m.seq for part in parts if part for m in part.shown)
         expires = [m.expires_at.timestamp() for p in parts if p for m in p.shown if m.expires_at]
+        hidden = [p.hidden for p in partitions]
+        if any(isinstance(p, CompactPartition) for p in partitions) and parts:
+            # Its entries were read back by the clock, after this.
+            hidden.append(self._partitions.clock().timestamp())
         return View(
             scope=scope,
             partitions=partitions,
@@ -205,6 +215,7 @@ class Snapshots:
             shown_seqs=shown_seqs or _NO_SEQS,
             system_tokens=count(text),
             expires=min(expires, default=math.inf),
+            hidden=max(hidden),
         )
 
     def _compact_block(

@@ -54,6 +54,7 @@ from sidecar.core.errors import (
     InvalidArgument,
     Reason,
     ResourceExhausted,
+    SidecarError,
     Unavailable,
 )
 from sidecar.core.memory import Scope, Tier
@@ -392,6 +393,13 @@ class Retention:
         while not self._stop.is_set():
             try:
                 self.run_once(self._clock())
+            except SidecarError as exc:  # a database fault: its reason says it all
+                log.warning(
+                    "pruning the event log failed: %s (%s); trying again in %.0f s",
+                    exc,
+                    exc.reason,
+                    self._interval,
+                )
             except Exception:
                 # A loop that dies stops pruning for good; keep trying.
                 log.exception("pruning the event log failed; trying again later")

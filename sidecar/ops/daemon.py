@@ -86,6 +86,7 @@ def open_store(
         pool_idle_seconds=server.db_pool_idle_seconds,
         on_query=metrics.db_query if metrics else None,
         expiry_batch=server.expiry_sweep_batch,
+        expiry_grace_seconds=server.expiry_grace_seconds,
         clock=clock,
     )
 

@@ -255,8 +255,11 @@ class CompactPartition:
     flagged: dict[str, str] = field(default_factory=dict, repr=False)
     # Never stale by expiry (a Partition's `expires`): the entries it
     # returns are read back, and an expired one is not; the sweep's
-    # removals reach it as deletes do.
+    # removals reach it as deletes do. Nor by a clock set back (a
+    # Partition's `hidden`): an entry expired but not removed is read back
+    # again then.
     expires = math.inf
+    hidden = -math.inf
 
     # --- building -----------------------------------------------------------
 

@@ -239,6 +239,10 @@ class Partition(Listed):
     # When its first entry expires (a POSIX time; inf: none will): it is
     # then no longer current (sidecar.domain.partition) and loads without it.
     expires: float = field(default=math.inf, repr=False)
+    # The latest expiry of the entries it was loaded without, as expired but
+    # not removed yet (a POSIX time; -inf: none): a clock set back before it
+    # would show them again, so it is not current then either.
+    hidden: float = field(default=-math.inf, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -263,11 +267,12 @@ class Partition(Listed):
         *,
         scan: Callable[[Memory], str | None] = lambda m: None,
         count_tokens: Callable[[str], int] = lambda text: len(text) // 4,
+        hidden: float = -math.inf,
     ) -> Partition:
         """A partition of these entries (in insertion order), indexed, each
-        scanned and its tokens counted once."""
+        scanned and its tokens counted once; `hidden`: see the field."""
         if not memories:
-            return cls._empty(tier, owner, generation, usage)
+            return cls._empty(tier, owner, generation, usage, hidden)
         postings = _postings_of(memories)
         findings = [scan(m) for m in memories]
         lineage = _Lineage(
@@ -289,10 +294,13 @@ class Partition(Listed):
             postings,
             {m.id: f for m, f in zip(memories, findings, strict=True) if f},
             sum(len(indices) for indices, _ in postings.values()),
+            hidden,
         )
 
     @classmethod
-    def _empty(cls, tier: Tier, owner: str, generation: int, usage: Usage) -> Partition:
+    def _empty(
+        cls, tier: Tier, owner: str, generation: int, usage: Usage, hidden: float = -math.inf
+    ) -> Partition:
         """A partition without entries. Most tiers of most agents are empty:
         they share every column (nothing ever writes into one in place) and,
         when it is nil, their usage, so an empty partition costs one small
@@ -311,6 +319,7 @@ class Partition(Listed):
             _NO_WEIGHTS,
             _NO_INDICES,
             _NO_FLAGS,
+            hidden=hidden,
         )
 
     def added(
@@ -356,6 +365,7 @@ class Partition(Listed):
             self.npostings + len(weights),
             lineage,
             min(self.expires, earliest_expiry([memory])),
+            self.hidden,
         )
 
     def changed(
@@ -407,7 +417,15 @@ class Partition(Listed):
         # full reallocates before writing, so that view is never written).
         lineage = _Lineage(memories, findings, tokens, (confidence, recency, seq))
         return self._over_lineage(
-            self.tier, self.owner, generation, usage, lineage, postings, flagged, npostings
+            self.tier,
+            self.owner,
+            generation,
+            usage,
+            lineage,
+            postings,
+            flagged,
+            npostings,
+            self.hidden,
         )
 
     @classmethod
@@ -421,6 +439,7 @@ class Partition(Listed):
         postings: dict[str, tuple[IntArray, FloatArray]],
         flagged: dict[str, str],
         npostings: int,
+        hidden: float,
     ) -> Partition:
         """A partition over all of a lineage of its own (no other partition
         appends to it): a fresh build, or an entry changed in place."""
@@ -441,6 +460,7 @@ class Partition(Listed):
             npostings,
             lineage,
             earliest_expiry(lineage.memories),
+            hidden,
         )
 
     def by_confidence(self) -> IntArray:

@@ -412,6 +412,10 @@ class Semantic:
             try:
                 self.backfill()
             except SidecarError as exc:  # the database refused: next time
-                log.warning("embedding entries without a vector: %s", exc)
+                log.warning(
+                    "embedding entries without a vector failed: %s (%s); trying again later",
+                    exc,
+                    exc.reason,
+                )
             except Exception:
                 log.exception("embedding entries without a vector")

@@ -42,7 +42,7 @@ from sidecar.storage import schema
 from sidecar.storage._backend import ROWS_PER_INSERT, PartitionState
 from sidecar.storage._statements import Record, record_of, unexpired
 from sidecar.storage._tables import Tables, to_memory, usage_of
-from sidecar.storage.expiry import Purged, advance, purge_bounded
+from sidecar.storage.expiry import Purged, advance
 from sidecar.storage.store import Store
 from sidecar.storage.writes import TierPolicy
 
@@ -283,7 +283,7 @@ def import_entries(
         # As every write: the tier's expired rows go first (at most a
         # batch), and those left weigh nothing and match nothing.
         now = tables.now()
-        purged = purge_bounded(tables, owner, tier, locked, now, store.expiry.batch)
+        purged = store.expiry.purge(owner, tier, locked, now)
         state = purged.state
         weighed = usage_of(purged.weighed(state))
         used, count = weighed.used_chars, weighed.entry_count

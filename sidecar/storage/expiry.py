@@ -2,24 +2,31 @@
 write transaction, the sweep's batches, and what expired rows still weigh
 until they are removed.
 
-Reached as `store.expiry`; every write of the store also calls
-`purge_bounded` on its own partition, after locking its state row and
-before its budget check: it removes at most `batch` expired rows
-(server.expiry_sweep_batch), and an expired row it leaves never counts
-against the budget the write is checked against. Expired rows are found
+An expired row is hidden at once, by every read, but removed only once
+its expiry is `grace` old (server.expiry_grace_seconds): a wall clock
+stepped ahead hides entries, and stepped back shows them again, instead
+of letting the sweep delete them for good.
+
+Reached as `store.expiry`; every write of the store also calls `purge` on
+its own partition, after locking its state row and before its budget
+check: it removes at most `batch` rows past their grace
+(server.expiry_sweep_batch), and an expired row it leaves (in its grace,
+or past the batch) never counts against the budget the write is checked
+against. Expired rows are found
 through the partial indexes of schema 7, which hold only rows with an
 expiry: idx_memories_partition_expiry for a partition's (a write's, the
 sweep's batch), idx_memories_expiry for the earliest anywhere (the sweep's
-`due`). A database where nothing expires pays one empty index probe per
-write.
+`due`). A database where nothing expires pays an empty index probe or two
+per write (the rows past their grace, and with a grace the weight of those
+in it) and one per load of a partition (`hidden`).
 
 One of the storage modules, the only code that touches SQL (see
 sidecar.storage.store). Like the store's, the sweep opens a pooled connection for
 its own duration and locks the partition's state row.
 
 Owns: purge, purge_bounded and advance (inside a write), ExpiryStore (the
-sweep's batches, the partitions with expired rows, the usage expired rows
-hold). Must not touch:
+grace, the sweep's batches, the partitions with expired rows, the usage
+expired rows hold, the latest expiry a read leaves out). Must not touch:
 caches, partitions or the change feed (sidecar.domain.expiry updates them), the
 engine, configuration.
 """
@@ -117,31 +124,24 @@ class Purged(NamedTuple):
 
 
 def purge_bounded(
-    tables: Tables, owner: str, tier: Tier, locked: PartitionState, now: int, limit: int
+    tables: Tables,
+    owner: str,
+    tier: Tier,
+    locked: PartitionState,
+    now: int,
+    limit: int,
+    grace: int = 0,
 ) -> Purged:
-    """purge, at most `limit` rows, for a write: one write never removes
-    (and logs, and tombstones) a mass expiry at once, holding the write lock
-    meanwhile; the sweep and later writes remove the rest."""
-    state, removed = purge(tables, owner, tier, locked, now, limit)
-    if len(removed) < limit:
+    """purge of the rows expired by `now` minus `grace`, at most `limit`,
+    for a write: one write never removes (and logs, and tombstones) a mass
+    expiry at once, holding the write lock meanwhile; the sweep and later
+    writes remove the rest. The rows expired by `now` it leaves weigh
+    nothing (`Purged.weighed`)."""
+    state, removed = purge(tables, owner, tier, locked, now - grace, limit)
+    if len(removed) < limit and not grace:
         return Purged(state, removed)
     chars, count = _expired_weight(tables, owner, tier.value, now)
     return Purged(state, removed, chars, count)
-
-
-def purge_edited(
-    tables: Tables, row: Record, locked: PartitionState, now: int, limit: int
-) -> Purged:
-    """purge_bounded, for a write that edits `row`: an expired entry itself
-    cannot be edited (it is gone: NOT_FOUND, reason EXPIRED), removed by
-    this write or not."""
-    if row.expires_at is not None and row.expires_at <= now:
-        raise NotFound(
-            f"the memory with id {row.memory_id!r} has expired",
-            reason=Reason.EXPIRED,
-            metadata={"id": row.memory_id},
-        )
-    return purge_bounded(tables, row.owner, Tier(row.tier), locked, now, limit)
 
 
 def _expired_weight(tables: Tables, owner: str, tier: str, now: int) -> tuple[int, int]:
@@ -177,35 +177,55 @@ def advance(
 class ExpiryStore:
     """The expiry sweep's storage half, over one store's tables."""
 
-    def __init__(self, tables: Tables, *, batch: int = 500) -> None:
+    def __init__(self, tables: Tables, *, batch: int = 500, grace_seconds: float = 0.0) -> None:
         self._tables = tables
         self._backend = tables.backend
         self._db = tables.db
         # At most this many expired rows are removed by one write (server.expiry_sweep_batch).
         self.batch = batch
+        # How long (microseconds) an expired row is kept, hidden, before any
+        # write or sweep removes it (server.expiry_grace_seconds).
+        self.grace = round(grace_seconds * 1_000_000)
+
+    def purge(self, owner: str, tier: Tier, locked: PartitionState, now: int) -> Purged:
+        """A write's purge of its own partition (see purge_bounded)."""
+        return purge_bounded(self._tables, owner, tier, locked, now, self.batch, self.grace)
+
+    def purge_edited(self, row: Record, locked: PartitionState, now: int) -> Purged:
+        """purge, for a write that edits `row`: an expired entry itself
+        cannot be edited (it is gone: NOT_FOUND, reason EXPIRED), in its
+        grace, removed by this write or not."""
+        if row.expires_at is not None and row.expires_at <= now:
+            raise NotFound(
+                f"the memory with id {row.memory_id!r} has expired",
+                reason=Reason.EXPIRED,
+                metadata={"id": row.memory_id},
+            )
+        return self.purge(row.owner, Tier(row.tier), locked, now)
 
     def due(self, now: int, limit: int) -> list[tuple[Tier, str]]:
-        """Partitions holding rows expired by `now`, from the first `limit`
-        such rows (the earliest expired first)."""
+        """Partitions holding rows expired by `now` minus the grace, from
+        the first `limit` such rows (the earliest expired first)."""
         p = self._db.param
         sql = (
             "SELECT tier, owner FROM memories WHERE expires_at IS NOT NULL"
             f" AND expires_at <= {p} ORDER BY expires_at LIMIT {p}"
         )
         with self._backend.guard(), self._db.connection_context():
-            rows = self._db.execute_sql(sql, (now, limit)).fetchall()
+            rows = self._db.execute_sql(sql, (now - self.grace, limit)).fetchall()
         return list(dict.fromkeys((Tier(tier), str(owner)) for tier, owner in rows))
 
     def sweep(self, tier: Tier, owner: str, now: int, limit: int) -> Swept:
-        """Remove up to `limit` of the partition's expired rows in one write
-        transaction: lock its state row, delete, store its new totals and
-        generation (with the seqs, so a compact tier's change log has them)
-        and log an `expire` event per entry."""
+        """Remove up to `limit` of the partition's rows expired by `now`
+        minus the grace in one write transaction: lock its state row,
+        delete, store its new totals and generation (with the seqs, so a
+        compact tier's change log has them) and log an `expire` event per
+        entry."""
         tables = self._tables
         backend = self._backend
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
             state = backend.lock_partition(owner, tier.value)
-            after, removed = purge(tables, owner, tier, state, now, limit)
+            after, removed = purge(tables, owner, tier, state, now - self.grace, limit)
             if not removed:
                 return Swept((), usage_of(state), state.generation, state.generation)
             generation = advance(tables, owner, tier, after, removed, None, now)
@@ -223,3 +243,16 @@ class ExpiryStore:
             if count:
                 found[(owner, tier)] = Purged(state, [], chars, count).weighed(state)
         return found
+
+    def hidden(self, owner: str, tier: str, now: int) -> int | None:
+        """The latest expiry (microseconds) among the partition's rows
+        expired by `now` and not removed yet, which every read leaves out,
+        or None: a clock set back before it shows them again. Call inside
+        a connection (the read's own, so both agree)."""
+        p = self._db.param
+        sql = (
+            "SELECT MAX(expires_at) FROM memories"
+            f" WHERE expires_at IS NOT NULL AND expires_at <= {p} AND {_OF_PARTITION.format(p=p)}"
+        )
+        (latest,) = self._db.execute_sql(sql, (now, owner, tier)).fetchone()
+        return None if latest is None else int(latest)

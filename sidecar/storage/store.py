@@ -48,8 +48,6 @@ from sidecar.storage.expiry import (
     ExpiryStore,
     Purged,
     advance,
-    purge_bounded,
-    purge_edited,
 )
 from sidecar.storage.index import IndexStore
 from sidecar.storage.schema import _Row
@@ -84,6 +82,8 @@ class Loaded(NamedTuple):
     memories: list[Memory]
     usage: Usage
     generation: int
+    # The latest expiry of the entries left out as expired (ExpiryStore.hidden).
+    hidden: int | None = None
 
 
 def is_dsn(db: str) -> bool:
@@ -115,6 +115,7 @@ class Store:
         clock: Clock = system_clock,
         on_query: Callable[[str, float], None] | None = None,
         expiry_batch: int = 500,
+        expiry_grace_seconds: float = 0.0,
     ) -> None:
         self._clock = self.clock = clock  # "now" for expiry here and in the caches above
         self._backend: Backend
@@ -143,7 +144,9 @@ class Store:
         # rows that have a module each (sidecar.storage.archive reaches `tables`).
         self.tables = Tables(self._backend, clock)
         self.indexes = IndexStore(self.tables)
-        self.expiry = ExpiryStore(self.tables, batch=expiry_batch)
+        self.expiry = ExpiryStore(
+            self.tables, batch=expiry_batch, grace_seconds=expiry_grace_seconds
+        )
         self.vectors = VectorStore(self.tables)
         self.events = EventLog(self.tables)
         self.erasure = Erasure(self.tables, clock)
@@ -281,7 +284,7 @@ class Store:
             locked = self._backend.lock_partition(owner, tier.value)
             require_caller(still_wanted)
             now = to_micros(self._clock())
-            purged = purge_bounded(self.tables, owner, tier, locked, now, self.expiry.batch)
+            purged = self.expiry.purge(owner, tier, locked, now)
             state, expired = purged.state, purged.removed
             usage = usage_of(purged.weighed(state))
             if key:
@@ -327,7 +330,7 @@ class Store:
             require_expected(edit, row.content)
             tier = Tier(row.tier)
             now = to_micros(self._clock())
-            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            purged = self.expiry.purge_edited(row, locked, now)
             state, expired = purged.state, purged.removed
             policy = policies[tier]
             require_enabled(tier, policy)
@@ -363,7 +366,7 @@ class Store:
             row, locked = self.tables.edited(scope, memory_id, match, tier)
             require_caller(still_wanted)
             now = to_micros(self._clock())
-            purged = purge_edited(self.tables, row, locked, now, self.expiry.batch)
+            purged = self.expiry.purge_edited(row, locked, now)
             state, expired = purged.state, purged.removed
             self._db.execute_sql(
                 self.tables.sql.delete.sql, self.tables.sql.delete.params(seq=row.seq)
@@ -417,10 +420,11 @@ class Store:
             now = self.tables.now()
             rows = self.tables.rows_of(partition, owner=owner, tier=tier.value, now=now)
             state = self._backend.states([(owner, tier.value)]).get((owner, tier.value))
+            hidden = self.expiry.hidden(owner, tier.value, now)
         memories = [to_memory(row) for row in rows]
         # Counted from the rows read: expired rows not yet swept weigh nothing.
         usage = Usage.of(row.content_chars for row in rows)
-        return Loaded(memories, usage, 0 if state is None else state.generation)
+        return Loaded(memories, usage, 0 if state is None else state.generation, hidden)
 
     def tier_state(self, tier: Tier, owner: str) -> tuple[int, bool]:
         """How many entries the partition holds, and whether its changes are

@@ -114,6 +114,8 @@ def test_config_is_immutable(tmp_path: Path) -> None:
         ("server: {db_pool_size: 1}", "server.db_pool_size", "0 (one per worker"),
         ("server: {db_pool_size: -3}", "server.db_pool_size", "or 2-10000"),
         ("server: {db_pool_idle_seconds: 0}", "server.db_pool_idle_seconds", "between 0.1"),
+        ("server: {expiry_grace_seconds: -1}", "server.expiry_grace_seconds", "between 0"),
+        ("server: {expiry_grace_seconds: 2678401}", "server.expiry_grace_seconds", "and 2678400"),
         ("server: {mcp_listen: '0.0.0.0:8000'}", "server.mcp_listen", "reachable from other"),
         ("servers: {}", "servers", "unknown top-level key"),
         ("- just a list", "config file", "a mapping"),

@@ -120,3 +120,21 @@ def test_an_older_partition_is_untouched_by_updates() -> None:
     assert len(first.postings["alpha"][0]) == 1
     assert len(second.postings["alpha"][0]) == 2
     assert "gamma" not in first.postings
+
+
+HOOKS = Hooks(scan=flag, count_tokens=lambda text: len(text) // 4)
+
+
+def test_what_a_partition_was_loaded_without_stays_with_its_updates() -> None:
+    """`hidden` (the latest expiry of the entries a load left out) is the
+    load's: an add, an edit or a delete applied in place keeps it, so a
+    clock set back before it still finds the partition stale."""
+    hidden = T0.timestamp()
+    for entries in ([], [memory(1, "alpha beta"), memory(2, "gamma")]):
+        loaded = Partition.build(Tier.MEMORY, "o", 1, entries, Usage(), hidden=hidden)
+        assert loaded.hidden == hidden
+        added = loaded.added(memory(3, "delta river"), 2, Usage(), **HOOKS)
+        edited = added.changed("m3", memory(3, "delta stone"), 3, Usage(), **HOOKS)
+        deleted = edited.changed("m3", None, 4, Usage(), **HOOKS)
+        assert [p.hidden for p in (added, edited, deleted)] == [hidden] * 3
+    assert Partition.build(Tier.MEMORY, "o", 1, [], Usage()).hidden == float("-inf")

@@ -1,6 +1,7 @@
 """PostgreSQL's connection slots, contested: replicas give back what they do
 not use, the change feed's listener always comes back, and a call that
-finds no free slot says so (DATABASE_BUSY).
+finds no free slot says so (DATABASE_BUSY), as the expiry sweep does in one
+WARNING line.
 
 A dedicated cluster with max_connections 20: 17 slots for the sidecars'
 role, 3 reserved for the superuser, through which the test watches
@@ -9,6 +10,7 @@ pg_stat_activity. The waits are liveness bounds, never timing claims.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,9 +22,18 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests import pg
-from tests.conftest import Running, error_info, refused, require_tool, start_sidecar, stop_sidecar
+from tests.conftest import (
+    Running,
+    WallClock,
+    error_info,
+    refused,
+    require_tool,
+    start_sidecar,
+    stop_sidecar,
+)
 from tests.conftest import eventually as conftest_eventually
 from tests.ops.test_startup import InProcess
+from tests.test_background_faults import assert_one_line_each, warnings_of
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 PASSWORD = "slots"
@@ -221,6 +232,53 @@ def test_a_call_that_finds_no_free_slot_is_database_busy(small: pg.Cluster, tmp_
         hogs.pop().close()
         eventually(lambda: taken(small) < SLOTS, "the closed connection's slot is free")
         assert running.add("The repo uses uv", scope=SCOPE).created
+    finally:
+        for hog in hogs:
+            hog.close()
+        stop_sidecar(running)
+
+
+def test_the_expiry_sweep_that_finds_no_free_slot_warns_in_one_line_and_sweeps_later(
+    small: pg.Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sidecar")
+    clock = WallClock()
+    dsn, name = database(small)
+    # Sweeps far apart next to how long the pool keeps a connection idle
+    # (the listener's heartbeat closes it): each pass needs a slot anew.
+    running = replica(
+        tmp_path,
+        dsn,
+        0,
+        clock=clock,
+        db_pool_idle_seconds=0.2,
+        change_heartbeat_ms=100,
+        expiry_sweep_seconds=1,
+        expiry_grace_seconds=0,
+    )
+    hogs: list[Any] = []
+
+    def failed_twice() -> bool:
+        # Someone else takes every slot free, again as the pool gives its back.
+        hogs.extend(grab(dsn))
+        return len(warnings_of(caplog, "sidecar.server")) >= 2
+
+    try:
+        running.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=1)
+        eventually(lambda: backends(small, name, POOLED) == 0, "the pool is empty")
+        clock.move(2)
+        # Two failed passes: the loop went on after the first.
+        eventually(failed_twice, "two warnings")
+        assert_one_line_each(warnings_of(caplog, "sidecar.server"), "expiry sweep", "no free")
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        for hog in hogs:
+            hog.close()
+        hogs.clear()
+        # Slots free again, a later pass removes the row.
+        eventually(
+            lambda: not running.list(scope=SCOPE, include_expired=True).memories,
+            "the sweep removes it",
+        )
     finally:
         for hog in hogs:
             hog.close()
