@@ -201,8 +201,9 @@ _MONTH_NUMBER = re.compile(r"0[1-9]|1[0-2]")
 _SHORT_ENGLISH_TEXT = "ah aw eh er ex go ha hm hi ho ll mm oh oi ow re uh um us ve vs ya ye yo"
 _SHORT_ENGLISH = frozenset(_SHORT_ENGLISH_TEXT.split())
 _CAPITALS = re.compile(r"\b[A-Z]{1,2}\b")
-# Never terms, even in capitals.
-_NOT_ACRONYMS = frozenset({"ok", "am", "pm"})
+# Never terms, even in capitals: OK, AM, PM, and the letters contractions
+# leave ("don't", "I'm", "she'd"), which then need no look at the capitals.
+_NOT_ACRONYMS = frozenset({"ok", "am", "pm", "s", "t", "m", "d"})
 # Abbreviations read as punctuation: neither they nor their letters are terms.
 _NOT_IDENTIFIERS = frozenset({"e.g", "i.e", "a.m", "p.m"})
 
