@@ -9,7 +9,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 
 This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
-bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23),
+bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
+bench/agent_notes.py for 24),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
@@ -21,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.agent_notes import bench_agent_notes
 from bench.big_tier_writes import bench_big_tier_writes
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 24))
+        only = set(args.only or range(1, 25))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if 23 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
             bench_read_your_writes(report, Path(tmp), pg, Corpus(), 50 if quick else 500)
+    if 24 in only:
+        bench_agent_notes(report)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -320,6 +320,10 @@ class MemoryEngine(Rooms):
         partitions = [self._partitions.get(key) for key in keys]
         settings = self.settings(scope)
         terms = keywords([query])
+        if not terms and query.strip():
+            # Only stopwords and punctuation: it shares no term with any
+            # entry, so nothing matches (an empty query lists by confidence).
+            return []
         return rank(
             partitions,
             terms,

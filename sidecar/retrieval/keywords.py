@@ -1,21 +1,31 @@
 """Keywords from text: the `local` strategy's tokenizer and stemmer.
 
 It starts from the seed's BM25 tokenizer (lowercase, strip punctuation, split
-on whitespace, drop tokens of 2 characters or fewer, drop stopwords) and fixes
-what that misses on conversational text:
+on whitespace, drop stopwords) and fixes what that misses on conversational
+text and on an agent's notes:
 
 - a possessive ("Caroline's", with a straight or a typographic apostrophe,
   or "parents'") matches the bare word;
 - plurals and simple inflections ("dogs", "hiking", "moved", "cities") match
   their stem, because memories and queries go through the same stemmer;
-- any Unicode punctuation or symbol separates words, not just ASCII;
+- any Unicode punctuation or symbol separates words, not just ASCII, except
+  a dot, dash or underscore between letters or digits: an identifier
+  ("pg-staging-2", "pyproject.toml", "OPS-1142", "--no-cache", "3.11") is a
+  term whole, and each of its parts is a term too;
+- short words are terms: tools and names of 1-2 characters (uv, gh, jq, S3,
+  CI), numbers and versions (20, v2, 5433); the seed dropped every token of
+  2 characters or fewer. Left out: stopwords, a lowercase letter alone (the
+  "t" of "don't", the "u" of texting), and short English words and sounds
+  (us, go, oh, ok) unless the text writes them in capitals standing alone
+  (US, GO);
 - lengths are counted in characters, not bytes.
 
 Stems are Snowball's English (Porter 2) through PyStemmer, which also joins
 derivations the earlier hand-written suffix rules missed (use/uses/used,
 deploy/deployment). Both sides of a match are stemmed the same way.
 
-Owns: the tokenizer, STOPWORDS, the irregular verbs, stemming and month terms.
+Owns: the tokenizer, STOPWORDS, which short words and identifiers are terms,
+the irregular verbs, stemming and month terms.
 Must not touch: other sidecar modules, the store, configuration, the network:
 pure functions over text, whose only state is per-thread stemmers and a memo of
 stems.
@@ -59,20 +69,28 @@ def _is_separator(ch: str) -> bool:
     return category[0] in "PSZC"
 
 
+# A dot, dash or underscore between letters or digits joins them into an
+# identifier ("svc-7", "pyproject.toml", "3.11"); anywhere else (a full stop,
+# "--" before a flag, "..."), it separates words as other punctuation does.
+_JOINERS = "-._"
+_JOINER = re.compile(r"[-._]")
 # For ASCII text (most of it) one regex does what the per-character category
-# test does: anything but a letter or digit separates words.
-_ASCII_SEPARATORS = re.compile(r"[^a-z0-9]+")
+# test does: anything but a letter, a digit or a joiner separates words.
+_ASCII_WORD = re.compile(r"[a-z0-9]+(?:[-._][a-z0-9]+)*")
+_WORD = re.compile(r"[^\s._-]+(?:[-._][^\s._-]+)*")
 
 
 def words(text: str) -> list[str]:
-    """Lowercased words with possessives and punctuation removed."""
+    """Lowercased words and identifiers, with possessives and other
+    punctuation removed: "svc-7's pyproject.toml, --no-cache!" gives
+    svc-7, pyproject.toml and no-cache."""
     if text.isascii():
         text = _POSSESSIVE.sub("", text.lower().replace("`", "'"))
-        return [word for word in _ASCII_SEPARATORS.split(text) if word]
+        return _ASCII_WORD.findall(text)
     text = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
     text = _POSSESSIVE.sub("", text)
-    cleaned = "".join(" " if _is_separator(ch) else ch for ch in text)
-    return cleaned.split()
+    cleaned = "".join(" " if ch not in _JOINERS and _is_separator(ch) else ch for ch in text)
+    return _WORD.findall(cleaned)
 
 
 # Snowball's English stemmer (PyStemmer, C). Its stemmer objects keep
@@ -176,10 +194,18 @@ _MONTH_OF = (
 _YEAR = re.compile(r"(1[89]|2[0-9])[0-9][0-9]")
 _DAY = re.compile(r"(0?[1-9]|[12][0-9]|3[01])(st|nd|rd|th)?")
 _MONTH_NUMBER = re.compile(r"0[1-9]|1[0-2]")
-# Two capitals standing alone (ER, PT, UK, TV) are a word, not noise:
-# kept as terms although other 2-character words are not.
-_ACRONYM = re.compile(r"\b[A-Z]{2}\b")
-_NOT_ACRONYMS = frozenset({"ok", "am", "pm"})
+# Short English words and sounds, which are terms only where a text writes
+# them in capitals standing alone (US, GO, ER): lowercase, they are "us",
+# "go", "er", not a country, a language or a ward. A letter alone is read
+# the same way (C, R and plan B are terms; the "t" of "don't" is not).
+_SHORT_ENGLISH_TEXT = "ah aw eh er ex go ha hm hi ho ll mm oh oi ow re uh um us ve vs ya ye yo"
+_SHORT_ENGLISH = frozenset(_SHORT_ENGLISH_TEXT.split())
+_CAPITALS = re.compile(r"\b[A-Z]{1,2}\b")
+# Never terms, even in capitals: OK, AM, PM, and the letters contractions
+# leave ("don't", "I'm", "she'd"), which then need no look at the capitals.
+_NOT_ACRONYMS = frozenset({"ok", "am", "pm", "s", "t", "m", "d"})
+# Abbreviations read as punctuation: neither they nor their letters are terms.
+_NOT_IDENTIFIERS = frozenset({"e.g", "i.e", "a.m", "p.m"})
 
 
 def month_term(month: str, year: str) -> str:
@@ -214,14 +240,29 @@ def _month_at(split: list[str], i: int) -> str | None:
 
 def terms(text: str) -> list[str]:
     """Every stemmed, non-stopword term of the text, in order, repeats kept,
-    and a month-of-year term wherever a date names a month and a year.
+    and a month-of-year term wherever a date names a month and a year. An
+    identifier is a term, followed by its parts ("pg-staging-2": pg-staging-2,
+    pg, stage, 2), so a search for it ranks the entry holding it exactly
+    above those sharing its parts.
 
     Used to index a memory: term frequency matters to BM25.
     """
     found: list[str] = []
-    split = words(text)
-    acronyms: set[str] | None = None  # looked for only if a text has a 2-letter word
+    split: list[str] = []
+    # Where an identifier starts in `split` (its first part), and it.
+    joined: dict[int, str] = {}
+    for word in words(text):
+        if "-" in word or "." in word or "_" in word:
+            if word in _NOT_IDENTIFIERS:
+                continue
+            joined[len(split)] = word
+            split.extend(_JOINER.split(word))
+        else:
+            split.append(word)
+    capitals: set[str] | None = None  # looked for only if a text has a short word
     for i, word in enumerate(split):
+        if joined and (identifier := joined.get(i)) is not None:
+            found.append(identifier)
         size = len(word)
         if size >= MIN_CHARS:
             if word in STOPWORDS:
@@ -232,11 +273,14 @@ def terms(text: str) -> list[str]:
                 month := _month_at(split, i)
             ):
                 found.append(month)
-        elif size == 2 and word not in STOPWORDS and word not in _NOT_ACRONYMS:
-            if acronyms is None:
-                acronyms = {a.lower() for a in _ACRONYM.findall(text)}
-            if word in acronyms:
-                found.append(word)
+        elif word not in STOPWORDS and word not in _NOT_ACRONYMS:
+            if (size == 2 and word not in _SHORT_ENGLISH) or not word.isalpha():
+                found.append(word)  # uv, jq, s3, v2, 20, 7
+                continue
+            if capitals is None:
+                capitals = {a.lower() for a in _CAPITALS.findall(text)}
+            if word in capitals:
+                found.append(word)  # US, GO, C
     return found
 
 

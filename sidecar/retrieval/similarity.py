@@ -17,6 +17,11 @@ of the two texts' embeddings (sidecar.retrieval.semantic), which catches a
 restatement sharing few words ("User hates long meetings", "The user
 strongly dislikes lengthy meetings": Dice 0.44, cosine 0.94).
 
+Two texts that each name a number or an identifier the other does not
+("svc-7 restarts nightly", "svc-8 restarts nightly"; PostgreSQL 15 and
+16) are about two things, however alike their words and meaning: they
+score 0. One that only adds an identifier to the other is scored as usual.
+
 Only a few entries are scored: the best CANDIDATES by BM25 over the new
 content's RAREST terms (sidecar.retrieval.ranking.rank) and, with cosines, the
 CANDIDATES nearest in meaning. Dice, the blend weight and the default
@@ -82,6 +87,21 @@ def lexical(a: frozenset[str], b: frozenset[str]) -> float:
     return 2 * len(a & b) / (len(a) + len(b))
 
 
+def _named(terms: frozenset[str]) -> frozenset[str]:
+    """The terms that name one thing of its kind: numbers, versions and
+    identifiers (a digit, or a dot, dash or underscore inside)."""
+    return frozenset(
+        t for t in terms if "-" in t or "." in t or "_" in t or any(c.isdigit() for c in t)
+    )
+
+
+def distinct(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether two term sets each name a number or an identifier the other
+    does not: two notes on two things, not one restated."""
+    named_a, named_b = _named(a), _named(b)
+    return bool(named_a - named_b) and bool(named_b - named_a)
+
+
 def score(lexical_score: float, cosine: float | None) -> float:
     """The similarity of two texts from their lexical score and, when both
     have an embedding, their cosine (a negative cosine counts as 0)."""
@@ -92,7 +112,13 @@ def score(lexical_score: float, cosine: float | None) -> float:
 
 def pair(a: str, b: str, cosine: float | None = None) -> float:
     """The similarity of two texts (what `similar` scores a candidate with)."""
-    return score(lexical(term_set(a), term_set(b)), cosine)
+    return _scored(term_set(a), term_set(b), cosine)
+
+
+def _scored(a: frozenset[str], b: frozenset[str], cosine: float | None) -> float:
+    """The similarity of two texts by their term sets: 0 for two that name
+    distinct things."""
+    return 0.0 if distinct(a, b) else score(lexical(a, b), cosine)
 
 
 def similar(
@@ -136,7 +162,7 @@ def similar(
         return ()
     new = term_set(content)
     scored = [
-        Similar(memory, score(lexical(new, term_set(memory.content)), cosine))
+        Similar(memory, _scored(new, term_set(memory.content), cosine))
         for memory, cosine in found.values()
     ]
     return tuple(

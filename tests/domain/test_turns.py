@@ -36,6 +36,20 @@ def test_turn_context_holds_relevant_memories_with_possessives_and_plurals(
     assert list(hikes.injected_memory_ids) == [hike.id]
 
 
+def test_a_short_word_or_identifier_in_the_message_brings_its_note(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar("defaults: {inject_system_block: false, max_inject_memories: 1}")
+    uv = running.add("The repo uses uv, not pip", scope=SCOPE).memory
+    running.add("Install packages with pip in the CI image", scope=SCOPE)
+    seven = running.add("svc-7 restarts nightly at 02:00 UTC", scope=SCOPE).memory
+    running.add("svc-8 restarts nightly at 03:00 UTC", scope=SCOPE)
+    assert list(running.turn("s", "should I use uv here?", scope=SCOPE).injected_memory_ids) == [
+        uv.id
+    ]
+    assert list(running.turn("s", "is svc-7 up?", scope=SCOPE).injected_memory_ids) == [seven.id]
+
+
 def test_an_empty_prompt_gives_all_memories_up_to_the_cap(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar("defaults: {inject_system_block: false, max_inject_memories: 3}")
     for n in range(5):

@@ -8,14 +8,17 @@ must give.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+from bench.agent_notes import previous_terms
 from sidecar.core.memory import Memory, Tier, Usage
 from sidecar.retrieval import index_format
+from sidecar.retrieval.keywords import terms
 from sidecar.storage.index import IndexSource
 from tests.retrieval.test_compact import START, Twin
 
@@ -61,6 +64,32 @@ def test_a_damaged_or_foreign_index_is_refused(
         index_format.restore(Tier.MEMORY, "a", source, twin._fetch)
     foreign = request.node.callspec.id in ("tokenizer", "version")
     assert isinstance(raised.value, index_format.ForeignIndex) == foreign
+
+
+def test_an_index_the_tokeniser_before_short_terms_made_is_foreign() -> None:
+    """Indexed by the tokeniser that dropped short words and identifiers, a
+    persisted index would find nothing for "uv" or "svc-7": its fingerprint
+    is not this tokeniser's, so it is not read (the tier is indexed from its
+    rows, and the index left for the version that made it)."""
+    previous = hashlib.sha256("\n".join(previous_terms(index_format._PROBE)).encode())
+    assert previous.hexdigest() != index_format.tokenizer()
+    for term in ("uv", "gh", "s3", "42", "svc-7", "3.11", "pyproject.toml", "no-cache"):
+        assert term in terms(index_format._PROBE), term
+    memories = [
+        Memory(f"m{k}", Tier.MEMORY, f"svc-{k} uses uv", "", 1.0, START, START, seq=k)
+        for k in range(1, 30)
+    ]
+    twin = Twin(memories)
+    with np.load(io.BytesIO(index_format.to_bytes(twin.compact)), allow_pickle=False) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    arrays["tokenizer"] = np.frombuffer(previous.hexdigest().encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    source = IndexSource(
+        buffer.getvalue(), 1, [], [], Usage.of(len(m.content) for m in memories), 1, 0
+    )
+    with pytest.raises(index_format.ForeignIndex):
+        index_format.restore(Tier.MEMORY, "a", source, twin._fetch)
 
 
 @pytest.mark.parametrize(("entries", "logged"), [(28, 0), (20, 8)])

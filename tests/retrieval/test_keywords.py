@@ -8,9 +8,9 @@ from sidecar.retrieval.keywords import keywords, stem, terms
 
 
 def test_the_seeds_basic_rules() -> None:
-    # lowercase, strip punctuation, split on whitespace, drop short tokens and stopwords
-    # (two capitals alone are kept: see test_two_capitals_are_a_term...)
-    assert keywords(["The DOG, a cat; and an ox!"]) == ["dog", "cat"]
+    # lowercase, strip punctuation, split on whitespace, drop stopwords (the seed
+    # dropped short tokens too: see test_short_words_are_terms)
+    assert keywords(["The DOG, a cat; and an ox!"]) == ["dog", "cat", "ox"]
 
 
 @pytest.mark.parametrize(
@@ -60,9 +60,10 @@ def test_unicode_punctuation_separates_words() -> None:
 
 
 def test_length_is_counted_in_characters_not_bytes() -> None:
-    # Two characters (six UTF-8 bytes) are too short; three are kept.
-    assert keywords(["猫犬 東京都"]) == ["東京都"]
-    assert keywords(["ñu élan"]) == ["élan"]
+    # Two characters (six UTF-8 bytes) are a short word, kept whole as "uv" is;
+    # from three on a word is stemmed (élans -> élan).
+    assert keywords(["猫犬 東京都"]) == ["猫犬", "東京都"]
+    assert keywords(["ñu élans"]) == ["ñu", "élan"]
 
 
 def test_question_words_are_stopwords() -> None:
@@ -152,10 +153,61 @@ def test_months_without_a_date_give_no_month_term(text: str) -> None:
     assert not [t for t in terms(text) if t[:1].isalpha() and t[-4:].isdigit()]
 
 
-def test_two_capitals_are_a_term_other_two_letter_words_are_not() -> None:
+def test_short_english_words_are_terms_only_in_capitals() -> None:
     assert terms("ended up in the ER, then PT twice a week") == [
         "end", "er", "pt", "twice", "week",
     ]  # fmt: skip
     assert keywords(["When was Sam in the ER?"]) == ["sam", "er"]
-    # Lowercase short words stay dropped; so do OK, AM and PM in capitals.
-    assert terms("er, ok, so we go at 10 AM, OK?") == []
+    # Lowercase, er, us and go are words, not a ward, a country or a language;
+    # OK, AM and PM are never terms. The number is.
+    assert terms("er, ok, so we go at 10 AM, OK? with us") == ["10"]
+    assert terms("Moved to the US; writes GO") == ["move", "us", "write", "go"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The repo uses uv, not pip", ["repo", "use", "uv", "pip"]),
+        ("gh pr create, then jq the JSON", ["gh", "pr", "creat", "jq", "json"]),
+        ("Backups go to S3 nightly", ["backup", "s3", "night"]),
+        ("CI runs on every push", ["ci", "run", "everi", "push"]),
+        ("20 workers, API v2", ["20", "worker", "api", "v2"]),
+        ("written in C and R", ["write", "c", "r"]),
+    ],
+)
+def test_short_words_are_terms(text: str, expected: list[str]) -> None:
+    assert terms(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I don't know, it's what we'd do",  # contractions leave t, s, d
+        "u coming? oh hi, ha",  # texting and sounds
+        "e.g. this, i.e. that, at 10 a.m. vs noon",  # abbreviations, vs
+    ],
+)
+def test_letters_sounds_and_abbreviations_are_not_terms(text: str) -> None:
+    assert not [t for t in terms(text) if len(t) <= 2 and not t.isdigit()]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("svc-7 is failing", ["svc-7", "svc", "7", "fail"]),
+        ("pg-staging-2", ["pg-staging-2", "pg", "stage", "2"]),
+        ("Ticket OPS-1142.", ["ticket", "ops-1142", "ops", "1142"]),
+        ("edit pyproject.toml", ["edit", "pyproject.toml", "pyproject", "toml"]),
+        ("docker build --no-cache", ["docker", "build", "no-cache", "cach"]),
+        ("Python 3.11's venv", ["python", "3.11", "3", "11", "venv"]),
+        ("set MAX_RETRIES", ["set", "max_retries", "max", "retri"]),
+    ],
+)
+def test_an_identifier_is_a_term_and_so_are_its_parts(text: str, expected: list[str]) -> None:
+    assert terms(text) == expected
+
+
+def test_punctuation_that_joins_nothing_separates() -> None:
+    # A full stop, an ellipsis, a flag's dashes: not part of an identifier.
+    assert terms("Use uv. Then...wait -- run it") == ["use", "uv", "wait", "run"]
+    assert terms("«svc-7»") == ["svc-7", "svc", "7"]

@@ -91,6 +91,8 @@ def test_pruned_ranking_equals_scoring_every_entry(
             for prune in (False, True)
         ]
         assert answers[0] == answers[1]
-    # Most of these queries hold a rare word: most were pruned.
+    # Many of these queries hold a rare word, and a third were pruned; the
+    # rest hold one of w0-w9, each in a tenth or more of the entries (short
+    # words were no terms when this was written, and 200 were pruned then).
     assert len(answered) == 300
-    assert sum(answered) > 200
+    assert sum(answered) > 90

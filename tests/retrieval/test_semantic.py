@@ -132,12 +132,11 @@ def test_weight_zero_turns_it_off_for_one_agent(make_sidecar: MakeSidecar) -> No
     assert [h.memory.content for h in search(running, "sushi", scope=other)] == [NOTES[0]]
 
 
-def test_a_query_of_stop_words_ranks_by_confidence_as_without(
-    make_sidecar: MakeSidecar,
-) -> None:
+def test_a_query_of_stop_words_finds_nothing_as_without(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar(LOCAL)
-    notes = add_notes(running)
-    assert len(search(running, "what is it?")) == len(notes)
+    add_notes(running)
+    assert search(running, "what is it?") == []
+    assert len(search(running, "")) == len(NOTES)
 
 
 def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar) -> None:

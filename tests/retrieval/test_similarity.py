@@ -99,6 +99,21 @@ def test_refuse_lets_related_entries_and_other_tiers_through(make_sidecar: MakeS
     assert (info.metadata["tier"], info.metadata["memory_id"]) == ("memory", note.id)
 
 
+def test_refuse_lets_a_note_on_another_number_or_identifier_through(
+    make_sidecar: MakeSidecar,
+) -> None:
+    running = make_sidecar(REFUSE)
+    eight = running.add("svc-8 restarts nightly at 02:00 UTC", scope=SCOPE).memory
+    seven = running.add("svc-7 restarts nightly at 02:00 UTC", scope=SCOPE)
+    assert seven.created
+    assert not seven.similar
+    assert running.add("Python 3.11 is pinned in pyproject.toml", scope=SCOPE).created
+    assert running.add("Python 3.12 is pinned in pyproject.toml", scope=SCOPE).created
+    # A restatement naming the same service is still one.
+    info = error_info(refused(running.add, "svc-8 is restarted nightly at 02:00 UTC", scope=SCOPE))
+    assert info.metadata["memory_id"] == eight.id
+
+
 def test_allow_computes_nothing(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar(ALLOW)
     running.add(FIRST, scope=SCOPE, tier=USER)
@@ -228,7 +243,13 @@ def test_a_paraphrase_sharing_few_words_is_caught_with_semantic_retrieval(
         (FIRST, FIRST, 1.0),
         # Stemmed and lowercased: the same terms.
         ("Migrations live in db/migrations", "migration lives in db/migration", 1.0),
-        ("Deploy target is AWS us-east-1", "Staging runs in AWS eu-west-1", 0.25),
+        # Each names a region the other does not: two things (Dice alone 0.25).
+        ("Deploy target is AWS us-east-1", "Staging runs in AWS eu-west-1", 0.0),
+        ("svc-8 restarts nightly at 02:00 UTC", "svc-7 restarts nightly at 02:00 UTC", 0.0),
+        ("Staging runs PostgreSQL 16", "Staging runs PostgreSQL 15", 0.0),
+        # One adds an identifier to the other: scored as usual, {svc-7, svc, 7,
+        # restart, night} against that and {svc-8, 8}: Dice 10/12.
+        ("svc-7 restarts nightly", "svc-7 and svc-8 restart nightly", 10 / 12),
         # Stopwords only: no terms, nothing to compare.
         ("It is what it is", "It is what it is", 0.0),
     ],
@@ -241,6 +262,11 @@ def test_lexical_scores(a: str, b: str, expected: float) -> None:
 def test_term_sets_are_stemmed_keywords() -> None:
     assert term_set("The user prefers dark mode") == {"user", "prefer", "dark", "mode"}
     assert lexical(frozenset(), frozenset({"a"})) == 0.0
+
+
+def test_a_cosine_does_not_join_notes_on_two_things() -> None:
+    # all-MiniLM-L6-v2 puts these two at about 0.98.
+    assert pair("svc-7 restarts nightly", "svc-8 restarts nightly", cosine=0.98) == 0.0
 
 
 def test_the_cosine_is_blended_in_when_known() -> None:
