@@ -167,6 +167,51 @@ def test_add_replace_remove_search_and_list(make_sidecar: MakeSidecar, mode: str
     assert tool_calls(running, "memory", "ok") == 4
 
 
+SHORT_NOTES = (
+    "Python deps are managed with uv; never pip install into the venv",
+    "Open pull requests with gh pr create, not the web form",
+    "CI runs the tests on Python 3.11 and 3.12",
+    "svc-8 serves the billing API on port 5433",
+    "Logs are pretty-printed with jq before pasting them into tickets",
+)
+
+
+def test_short_words_numbers_and_identifiers_are_found_through_mcp(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """Issue 33, item 3, through the SDK's client: a query of one short
+    token ranks its note first; a query sharing no term finds nothing; a
+    note differing by a number is no near-duplicate under `refuse`."""
+    running = mcp_sidecar(make_sidecar, "agents: {coder: {similar_writes: refuse}}")
+    queries = {"uv": 0, "gh": 1, "3.11": 2, "svc-8": 3, "5433": 3, "jq": 4}
+
+    async def body() -> tuple[dict[str, Any], Any, Any]:
+        async with connect(url(running)) as client:
+            for note in SHORT_NOTES:
+                added = await client.call_tool("memory", {"action": "add", "content": note})
+                assert not added.is_error, added.content[0].text
+            firsts = {}
+            for query in queries:
+                found = await client.call_tool("memory_search", {"query": query})
+                assert not found.is_error, found.content[0].text
+                firsts[query] = found.structured_content["hits"]
+            nothing = await client.call_tool("memory_search", {"query": "what is it?"})
+            sibling = await client.call_tool(
+                "memory",
+                {"action": "add", "content": "svc-7 serves the billing API on port 5434"},
+            )
+            return firsts, nothing, sibling
+
+    firsts, nothing, sibling = run(body)
+    for query, note in queries.items():
+        assert firsts[query], query
+        assert firsts[query][0]["content"] == SHORT_NOTES[note], query
+    assert not nothing.is_error
+    assert nothing.structured_content["hits"] == []
+    assert not sibling.is_error, sibling.content[0].text
+    assert len(contents(running, SCOPE)) == len(SHORT_NOTES) + 1
+
+
 def test_a_full_tier_is_a_tool_error_listing_its_entries(make_sidecar: MakeSidecar) -> None:
     running = mcp_sidecar(make_sidecar, "defaults: {memory_char_limit: 60}\n")
     first, second = "The build runs on Linux only", "Releases are tagged by CI"
