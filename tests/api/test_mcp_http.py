@@ -189,11 +189,11 @@ def test_short_words_numbers_and_identifiers_are_found_through_mcp(
         async with connect(url(running)) as client:
             for note in SHORT_NOTES:
                 added = await client.call_tool("memory", {"action": "add", "content": note})
-                assert not added.is_error, added.content[0].text
+                assert not added.is_error, text_of(added.content[0])
             firsts = {}
             for query in queries:
                 found = await client.call_tool("memory_search", {"query": query})
-                assert not found.is_error, found.content[0].text
+                assert not found.is_error, text_of(found.content[0])
                 firsts[query] = found.structured_content["hits"]
             nothing = await client.call_tool("memory_search", {"query": "what is it?"})
             sibling = await client.call_tool(
@@ -208,7 +208,7 @@ def test_short_words_numbers_and_identifiers_are_found_through_mcp(
         assert firsts[query][0]["content"] == SHORT_NOTES[note], query
     assert not nothing.is_error
     assert nothing.structured_content["hits"] == []
-    assert not sibling.is_error, sibling.content[0].text
+    assert not sibling.is_error, text_of(sibling.content[0])
     assert len(contents(running, SCOPE)) == len(SHORT_NOTES) + 1
 
 
