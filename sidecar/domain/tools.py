@@ -30,7 +30,6 @@ authorize the scope before calling).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +48,7 @@ from sidecar.core.errors import (
     SimilarExists,
     StoreError,
 )
-from sidecar.core.limits import Limits, checked
+from sidecar.core.limits import Limits, caller_json, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
 from sidecar.domain.memory_files import MemoryFiles
 from sidecar.domain.tool_definitions import (
@@ -498,11 +497,13 @@ class Tools:
 
 
 def arguments_of(text: str) -> Mapping[str, Any] | None:
-    """A call's JSON arguments ("" is no arguments), or None if not JSON."""
+    """A call's JSON arguments ("" is no arguments), or None if not JSON.
+    JSON nested too deep, or with half a surrogate pair in a string, is
+    refused (InvalidArgument, see caller_json): not the model's to retry."""
     if not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
+        parsed = caller_json("arguments_json", text)
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
