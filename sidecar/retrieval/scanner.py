@@ -24,9 +24,9 @@ docs/SECURITY.md).
 
 Owns: the patterns, the finding names and kinds (in ErrorInfo and metrics),
 MODES, the quoted rendering, and what each mode shows of a stored entry with
-a finding. Must not touch: the store, metrics, configuration (the mode is an
-argument), or refusing a write (the engine raises under strict): pure
-functions.
+a finding, wherever a model reads it (`shown`). Must not touch: the store,
+metrics, configuration (the mode is an argument), or refusing a write (the
+engine raises under strict): pure functions.
 """
 
 from __future__ import annotations
@@ -547,3 +547,12 @@ def injectable(mode: str, memory: Memory, found: str | None) -> Memory:
     if found.startswith(QUOTED):
         return dataclasses.replace(memory, content=quote(memory.content))
     return dataclasses.replace(memory, content=PLACEHOLDER.format(pattern=found), category="")
+
+
+def shown(mode: str, memory: Memory) -> Memory:
+    """The stored entry as every text a model reads shows it under scanning
+    `mode`: the frozen block, the turn block and the tools' results
+    (sidecar.domain.tools, sidecar.domain.memory_files) alike. `injectable`,
+    with the entry's finding; a partition that keeps its entries' findings
+    passes them to `injectable` instead of scanning again."""
+    return injectable(mode, memory, finding(memory))
