@@ -486,11 +486,10 @@ class MemoryFiles:
     def _not_done(self, scope: Scope, exc: SidecarError) -> str:
         if not isinstance(exc, SimilarExists):
             return f"Not done: {exc.message}."
-        file = self._file(scope, Tier(exc.tier))
-        shown = dict(zip((m.id for m in file.memories), file.shown, strict=True))
+        mode = self._engine.settings(scope).content_scanning
         return (
-            f"Not saved: {file.path} already holds a similar entry: "
-            f"{shown.get(exc.memory_id, '(an entry removed since)')!r}. If the new text "
+            f"Not saved: {_PATHS[Tier(exc.tier)]} already holds a similar entry: "
+            f"{scanner.shown_text(mode, exc.content, exc.category)!r}. If the new text "
             "corrects it, str_replace the words that changed; if it says the same, it is "
             "already saved."
         )

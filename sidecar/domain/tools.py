@@ -482,26 +482,18 @@ class Tools:
         )
 
     def _previews(self, scope: Scope, exc: AmbiguousMatch | SimilarExists) -> dict[str, str]:
-        """The entries an error names, by id, as the model is shown them: the
-        start of each (the whole of a similar one), read again to be
-        rendered as the blocks render it (an entry removed since: said so)."""
-        wanted = (
-            [memory_id for memory_id, _ in exc.candidates]
-            if isinstance(exc, AmbiguousMatch)
-            else [exc.memory_id]
-        )
-        memories, _ = self._engine.list_memories(scope, [Tier(exc.tier)], "")
-        held, shown = {m.id: m for m in memories}, self._shown(scope)
+        """The entries an error names, by id, as the blocks show them: the
+        start of each candidate, the whole of a similar entry."""
+        mode = self._engine.settings(scope).content_scanning
+        if isinstance(exc, SimilarExists):
+            return {exc.memory_id: scanner.shown_text(mode, exc.content, exc.category)}
         previews = {}
-        for memory_id in wanted:
-            memory = held.get(memory_id)
-            text = shown(memory) if memory else "(an entry removed since)"
-            if isinstance(exc, AmbiguousMatch) and memory is not None:
-                # A quote's header takes room: a withheld or quoted entry
-                # shows as much of its own text as a plain one.
-                extra = max(len(text) - len(memory.content), 0)
-                text = text[: AmbiguousMatch.PREVIEW_CHARS + extra]
-            previews[memory_id] = text
+        for memory_id, content, category in exc.entries:
+            text = scanner.shown_text(mode, content, category)
+            # A quote's header takes room: a quoted entry shows as much of
+            # its own text as a plain one.
+            extra = max(len(text) - len(content), 0)
+            previews[memory_id] = text[: AmbiguousMatch.PREVIEW_CHARS + extra]
         return previews
 
     def _full(self, scope: Scope, name: str, exc: BudgetExceeded) -> ToolResult:
