@@ -226,3 +226,24 @@ def test_a_full_memory_file_lists_its_entries_as_the_block_does(scanned: Scanned
     assert is_error
     assert result["error"]["reason"] == "TIER_BUDGET_EXCEEDED"
     scanned.shows(text, *ENTRIES)
+
+
+@pytest.mark.parametrize("mode", ["strict", "warn", "off"])
+def test_an_entry_withheld_for_its_category_is_withheld_by_the_tools(
+    make_sidecar: MakeSidecar, mode: str
+) -> None:
+    writer = make_sidecar("defaults: {content_scanning: 'off'}", name="shared.db")
+    writer.add("pnpm for the web app", category="web\u200bapp", scope=SCOPE)
+    writer.add("pnpm for the docs", scope=SCOPE)
+    writer.sidecar.stop(grace=0)
+    running = make_sidecar(config(mode), name="shared.db")
+    entries = frozen_entries(running)
+    scanned = Scanned(mode, running, dict(zip(["web", "docs"], entries, strict=True)))
+    if mode != "off":
+        assert scanned.shown["web"].startswith("[memory withheld")
+    text, _, _ = scanned.call("memory_list", target="memory")
+    scanned.shows(text, "web", "docs")
+    text, is_error, result = scanned.call("memory", action="remove", old_text="pnpm for")
+    assert is_error
+    assert result["error"]["reason"] == "AMBIGUOUS_MATCH"
+    scanned.shows(text, "web", "docs", quoted=True)
