@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sidecar.core.errors import InvalidArgument, PageTokenMismatch, Reason, ResourceExhausted
+from sidecar.core.limits import caller_json
 
 # 1: unsigned (before schema 8); 2: [2, kind, digest, position, signature].
 _VERSION = 2
@@ -165,8 +166,8 @@ def _fields(token: str) -> list[Any] | None:
         return None
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        fields = json.loads(raw)
-    except (binascii.Error, ValueError, TypeError, RecursionError):
+        fields = caller_json("page_token", raw.decode())
+    except (binascii.Error, ValueError, InvalidArgument):
         return None
     return fields if isinstance(fields, list) and fields else None
 

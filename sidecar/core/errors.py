@@ -19,7 +19,7 @@ maps the names), logging, or any other sidecar module: it imports none.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import ClassVar
 
@@ -60,6 +60,8 @@ class Reason(StrEnum):
     FIELD_TOO_LONG = "FIELD_TOO_LONG"
     TOO_MANY_ITEMS = "TOO_MANY_ITEMS"
     CONTROL_CHARACTER = "CONTROL_CHARACTER"
+    LONE_SURROGATE = "LONE_SURROGATE"
+    JSON_TOO_DEEP = "JSON_TOO_DEEP"
     EXPIRY_CONFLICT = "EXPIRY_CONFLICT"
     TTL_OUT_OF_RANGE = "TTL_OUT_OF_RANGE"
     EXPIRES_AT_PAST = "EXPIRES_AT_PAST"
@@ -318,7 +320,14 @@ class AmbiguousMatch(FailedPrecondition):
     # How many candidates are named; pass one more to say there are more.
     SHOWN = 5
 
-    def __init__(self, *, tier: str, match: str, candidates: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        *,
+        tier: str,
+        match: str,
+        candidates: list[tuple[str, str]],
+        categories: Sequence[str] = (),
+    ) -> None:
         previews = [
             (memory_id, content[: self.PREVIEW_CHARS])
             for memory_id, content in candidates[: self.SHOWN]
@@ -345,6 +354,11 @@ class AmbiguousMatch(FailedPrecondition):
         self.match = match
         self.candidates = previews
         self.more = more
+        # The named entries whole, with their categories: how the model's
+        # tools show them depends on both (sidecar.retrieval.scanner).
+        named = candidates[: self.SHOWN]
+        kinds = [*categories[: len(named)], *[""] * (len(named) - len(categories))]
+        self.entries = [(i, content, kind) for (i, content), kind in zip(named, kinds, strict=True)]
 
 
 class SimilarExists(AlreadyExists):
@@ -353,7 +367,9 @@ class SimilarExists(AlreadyExists):
 
     default_reason = Reason.SIMILAR_MEMORY
 
-    def __init__(self, *, tier: str, memory_id: str, content: str, score: float) -> None:
+    def __init__(
+        self, *, tier: str, memory_id: str, content: str, score: float, category: str = ""
+    ) -> None:
         super().__init__(
             f"the {tier} tier already holds a similar entry ({memory_id}: {content[:60]!r}, "
             f"similarity {score:.2f}); update or replace it instead of adding another",
@@ -362,6 +378,7 @@ class SimilarExists(AlreadyExists):
         self.tier = tier
         self.memory_id = memory_id
         self.content = content
+        self.category = category
         self.score = score
 
 

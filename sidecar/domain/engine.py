@@ -192,6 +192,7 @@ class MemoryEngine(Rooms):
                 memory_id=nearest.memory.id,
                 content=nearest.memory.content,
                 score=nearest.score,
+                category=nearest.memory.category,
             )
         with self._partitions.writing([key]), self._counting_rejections():
             written = self._store.add(

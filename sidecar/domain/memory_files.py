@@ -57,6 +57,7 @@ from sidecar.core.errors import (
 from sidecar.core.limits import Limits, checked
 from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, clean_content
 from sidecar.domain.tool_definitions import MEMORY_FILE_ARGUMENTS, ToolResult
+from sidecar.retrieval import scanner
 from sidecar.storage.writes import Edit, NewEntry, check_budget
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 ROOT = "/memories"
 FILES = {f"{ROOT}/notes.md": Tier.MEMORY, f"{ROOT}/user.md": Tier.USER}
 _PATHS = {tier: path for path, tier in FILES.items()}
-_ABOUT = {Tier.MEMORY: "your notes", Tier.USER: "the user's profile"}
 _THE_FILES = (
     f"{ROOT} holds two files: {ROOT}/notes.md (your notes: the environment, conventions, "
     f"lessons learned) and {ROOT}/user.md (what you learn about the user)"
@@ -92,18 +92,33 @@ class _Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _File:
-    """A tier as the model sees it: its entries' text, one after another."""
+    """A tier as the model sees it: its entries, one after another. Edits
+    find their text in `text`, as stored; the model reads (and numbers the
+    lines of) `shown`, each entry as the blocks show it (scanner.shown)."""
 
     path: str
     tier: Tier
     memories: list[Memory]
+    shown: list[str]
 
     @property
     def text(self) -> str:
         return "\n".join(m.content for m in self.memories)
 
     def lines(self) -> list[str]:
-        return self.text.split("\n") if self.memories else []
+        return "\n".join(self.shown).split("\n") if self.memories else []
+
+    def line_at(self, at: int) -> int:
+        """The line, as `lines` numbers them from 1, of offset `at` of `text`
+        (an entry shown otherwise than stored: its first line)."""
+        line = 1
+        spans = zip(self.memories, self.shown, self.spans(), strict=True)
+        for memory, shown, (start, end) in spans:
+            if at <= end:
+                inside = memory.content[: max(at - start, 0)] if shown == memory.content else ""
+                return line + inside.count("\n")
+            line += shown.count("\n") + 1
+        return line
 
     def spans(self) -> list[tuple[int, int]]:
         """Each entry's [start, end) in `text`."""
@@ -208,7 +223,7 @@ class MemoryFiles:
         except StoreError:
             raise  # the operator's to mend, not the model's
         except _MODELS_TO_FIX as exc:
-            return _error(_not_done(exc), exc.reason, exc.message, exc.details)
+            return _error(self._not_done(scope, exc), exc.reason, exc.message, exc.details)
 
     @staticmethod
     def _known(command: str, arguments: Mapping[str, Any]) -> None:
@@ -284,9 +299,10 @@ class MemoryFiles:
         if line != count and added:
             # Where the model asked is not where the text is: say so, or its
             # idea of the line numbers drifts from the file's.
+            named = f"line {added[0]}" if len(added) == 1 else f"lines {', '.join(map(str, added))}"
             answer += (
                 f" Entries stay in the order they were saved, so the new text is at the "
-                f"end: {_lines_named(added)}."
+                f"end: {named}."
             )
         return answer
 
@@ -314,7 +330,7 @@ class MemoryFiles:
         if not after.memories:
             return f"The memory file has been edited. {path} is now empty."
         # The changed line, and two either side, as the file is now.
-        line = file.text.count("\n", 0, file.spans()[index][0] + start)
+        line = file.line_at(file.spans()[index][0] + start) - 1
         first = max(0, line - 2)
         return (
             "The memory file has been edited. Here is the snippet showing the change (with "
@@ -364,7 +380,7 @@ class MemoryFiles:
         if count > 1:
             lines, at = [], text.find(old)
             while at != -1:
-                lines.append(text.count("\n", 0, at) + 1)
+                lines.append(file.line_at(at))
                 at = text.find(old, at + 1)
             raise _Refused(
                 f"No replacement was performed. Multiple occurrences of old_str `{old}` in "
@@ -382,8 +398,7 @@ class MemoryFiles:
             if whole and not new:
                 # A whole line and its line break, to nothing: the entry goes.
                 return index, 0, end - start, new
-        first = text.count("\n", 0, at) + 1
-        last = first + old.count("\n")
+        first, last = file.line_at(at), file.line_at(at + len(old))
         raise _Refused(
             f"No replacement was performed: old_str spans lines {first}-{last} of {file.path}, "
             "which belong to different entries (each entry is its own line, or lines). "
@@ -421,7 +436,7 @@ class MemoryFiles:
         else:
             self._engine.delete(scope, before.id)
             del memories[index]
-        return _File(file.path, file.tier, memories)
+        return self._file(scope, file.tier, memories)
 
     # --- helpers ------------------------------------------------------------
 
@@ -432,9 +447,14 @@ class MemoryFiles:
             raise _missing(path)
         return FILES[path]
 
-    def _file(self, scope: Scope, tier: Tier) -> _File:
-        memories, _ = self._engine.list_memories(scope, [tier], "")
-        return _File(_PATHS[tier], tier, memories)
+    def _file(self, scope: Scope, tier: Tier, memories: list[Memory] | None = None) -> _File:
+        """The tier's file (of `memories`, or as read now), as the agent's
+        content_scanning shows it."""
+        if memories is None:
+            memories, _ = self._engine.list_memories(scope, [tier], "")
+        mode = self._engine.settings(scope).content_scanning
+        shown = [scanner.shown(mode, memory).content for memory in memories]
+        return _File(_PATHS[tier], tier, memories, shown)
 
     def _add_lines(self, scope: Scope, file: _File, text: str, name: str) -> list[int]:
         """Each non-blank line of `text` added as an entry, in order; the
@@ -456,12 +476,23 @@ class MemoryFiles:
         # Where they are now (an identical entry was there already, or a
         # concurrent write came first).
         after = self._file(scope, file.tier)
-        text, saved = after.text, set(lines)
+        saved = set(lines)
         return [
-            text.count("\n", 0, start) + 1
+            after.line_at(start)
             for memory, (start, _end) in zip(after.memories, after.spans(), strict=True)
             if memory.content in saved
         ]
+
+    def _not_done(self, scope: Scope, exc: SidecarError) -> str:
+        if not isinstance(exc, SimilarExists):
+            return f"Not done: {exc.message}."
+        mode = self._engine.settings(scope).content_scanning
+        return (
+            f"Not saved: {_PATHS[Tier(exc.tier)]} already holds a similar entry: "
+            f"{scanner.shown_text(mode, exc.content, exc.category)!r}. If the new text "
+            "corrects it, str_replace the words that changed; if it says the same, it is "
+            "already saved."
+        )
 
     def _check_budget(self, scope: Scope, tier: Tier, lines: Sequence[str]) -> None:
         """Refuse new entries `lines` that do not fit the tier together (each
@@ -498,7 +529,8 @@ class MemoryFiles:
                 if exc.separator
                 else ""
             )
-            sized = [f"({len(m.content):,} chars) {m.content}" for m in file.memories]
+            sizes = (len(m.content) for m in file.memories)
+            sized = [f"({n:,} chars) {text}" for n, text in zip(sizes, file.shown, strict=True)]
             text = "\n".join(
                 [
                     f"Not saved: {file.path} ({file.tier.label}) is full "
@@ -543,22 +575,6 @@ def _view_range(window: object, count: int) -> tuple[int, int]:
             lines=count,
         )
     return first, count if last == -1 else min(last, count)
-
-
-def _lines_named(numbers: Sequence[int]) -> str:
-    if len(numbers) == 1:
-        return f"line {numbers[0]}"
-    return f"lines {', '.join(map(str, numbers))}"
-
-
-def _not_done(exc: SidecarError) -> str:
-    if isinstance(exc, SimilarExists):
-        return (
-            f"Not saved: {_PATHS[Tier(exc.tier)]} already holds a similar entry: "
-            f"{exc.content!r}. If the new text corrects it, str_replace the words that "
-            "changed; if it says the same, it is already saved."
-        )
-    return f"Not done: {exc.message}."
 
 
 def _error(text: str, reason: str, message: str, details: Mapping[str, object]) -> ToolResult:

@@ -244,7 +244,7 @@ class Snapshots:
                     return
                 for memory in partition.fetch(chunk):
                     if memory is not None:
-                        shown = scanner.injectable(mode, memory, scanner.finding(memory))
+                        shown = scanner.shown(mode, memory)
                         yield shown, self._tokens.count(shown.content)
                 start, batch = start + len(chunk), batch * 2
 

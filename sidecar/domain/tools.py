@@ -30,7 +30,6 @@ authorize the scope before calling).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +48,7 @@ from sidecar.core.errors import (
     SimilarExists,
     StoreError,
 )
-from sidecar.core.limits import Limits, checked
+from sidecar.core.limits import Limits, caller_json, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
 from sidecar.domain.memory_files import MemoryFiles
 from sidecar.domain.tool_definitions import (
@@ -67,7 +66,7 @@ from sidecar.domain.tool_definitions import (
     claude_memory_tool,
     definitions,
 )
-from sidecar.retrieval import blocks
+from sidecar.retrieval import blocks, scanner
 from sidecar.storage.writes import Edit, NewEntry
 
 if TYPE_CHECKING:
@@ -105,13 +104,14 @@ def _separated(exc: BudgetExceeded) -> str:
     return f" ({text:,} for the entry, {exc.separator} for the separator between entries)"
 
 
-def _replaced_once(content: str, old_text: str, new_text: str) -> str:
+def _replaced_once(content: str, old_text: str, new_text: str, shown: str) -> str:
     """`content` with its one `old_text` made `new_text`; refused where the
-    entry holds it more than once (which of them is meant?)."""
+    entry (`shown`, as the model reads it) holds it more than once (which of
+    them is meant?)."""
     count = content.count(old_text)
     if count > 1:
         raise _ArgumentError(
-            f"`old_text` occurs {count} times in the entry {content!r}; quote more of the "
+            f"`old_text` occurs {count} times in the entry {shown!r}; quote more of the "
             "text around the one you mean (nothing was changed)"
         )
     return content.replace(old_text, new_text, 1)
@@ -144,11 +144,17 @@ def _usage_entry(usage: Usage, limit_chars: int) -> dict[str, int]:
     }
 
 
-def _memory_data(memory: Memory) -> dict[str, Any]:
+# An entry's content as the blocks show it (see Tools._shown).
+Shown = Callable[[Memory], str]
+
+
+def _memory_data(memory: Memory, shown: Shown) -> dict[str, Any]:
+    """An entry in a structured result: its content as shown, its size as
+    stored (what the budget counts)."""
     return {
         "id": memory.id,
         "target": memory.tier.value,
-        "content": memory.content,
+        "content": shown(memory),
         "chars": len(memory.content),
     }
 
@@ -214,13 +220,13 @@ class Tools:
         except _ArgumentError as exc:
             return self._refused(name, str(exc), Reason.ARGUMENTS_INVALID)
         except EntryTooLarge as exc:
-            return self._error(name, exc)
+            return self._error(scope, name, exc)
         except BudgetExceeded as exc:
             return self._full(scope, name, exc)
         except StoreError:
             raise  # a FailedPrecondition, but the operator's to mend, not the model's
         except _MODELS_TO_FIX as exc:
-            return self._error(name, exc)
+            return self._error(scope, name, exc)
 
     # --- the tools ----------------------------------------------------------
 
@@ -249,7 +255,8 @@ class Tools:
         memories, _ = self._engine.list_memories(scope, [tier], "")
         if not memories:
             return f"{_TIER_NAMES[tier].capitalize()} has no entries to {action}"
-        lines = (f"{n}. {m.content}" for n, m in enumerate(memories, 1))
+        shown = self._shown(scope)
+        lines = (f"{n}. {shown(m)}" for n, m in enumerate(memories, 1))
         return (
             f"The entries of {_TIER_NAMES[tier]}:\n"
             + "\n".join(lines)
@@ -279,18 +286,18 @@ class Tools:
         if arguments.get("old_text"):
             raise _ArgumentError("`old_text` is for replace and remove; add takes content")
         added = self._engine.add(NewEntry(scope, tier, content))
-        memory, usage = added.memory, added.usage
+        memory, usage, shown = added.memory, added.usage, self._shown(scope)
         verb = "Saved to" if added.created else "Already saved (an identical entry) in"
-        text = f"{verb} {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {memory.content}"
+        text = f"{verb} {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {shown(memory)}"
         if added.similar:
             text += (
                 "\nIt nearly repeats "
-                + "; ".join(repr(s.memory.content) for s in added.similar)
+                + "; ".join(repr(shown(s.memory)) for s in added.similar)
                 + ". If they say the same, keep one (action=remove with old_text)."
             )
-        outcome = self._outcome("add", memory, usage, limit, created=added.created)
+        outcome = self._outcome("add", memory, usage, limit, shown, created=added.created)
         outcome["similar"] = [
-            _memory_data(s.memory) | {"score": round(s.score, 4)} for s in added.similar
+            _memory_data(s.memory, shown) | {"score": round(s.score, 4)} for s in added.similar
         ]
         return ToolResult(text, outcome)
 
@@ -306,9 +313,11 @@ class Tools:
                 "`content` is for add"
             )
         new_text = _text(arguments, "new_text", required=True)
+        shown = self._shown(scope)
         for attempt in range(1, _EDIT_ATTEMPTS + 1):
             before = self._engine.holding(scope, tier, old_text)
-            content = self._content(_replaced_once(before.content, old_text, new_text))
+            edited = _replaced_once(before.content, old_text, new_text, shown(before))
+            content = self._content(edited)
             edit = Edit(scope, match=old_text, tier=tier, content=content, expected=before.content)
             try:
                 memory, usage, _ = self._engine.update(edit)
@@ -316,11 +325,11 @@ class Tools:
             except EditConflict:
                 if attempt == _EDIT_ATTEMPTS:
                     raise
-        outcome = self._outcome("replace", memory, usage, limit)
-        outcome["previous"] = before.content
+        outcome = self._outcome("replace", memory, usage, limit, shown)
+        outcome["previous"] = shown(before)
         return ToolResult(
             f"Replaced in {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: now "
-            f"{memory.content!r} (was {before.content!r})",
+            f"{shown(memory)!r} (was {shown(before)!r})",
             outcome,
         )
 
@@ -330,9 +339,10 @@ class Tools:
         if arguments.get("content"):
             raise _ArgumentError("`content` is for add and replace; remove takes old_text")
         memory, usage, _ = self._engine.delete(scope, "", match=old_text, tier=tier)
+        shown = self._shown(scope)
         return ToolResult(
-            f"Removed from {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {memory.content!r}",
-            self._outcome("remove", memory, usage, limit),
+            f"Removed from {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {shown(memory)!r}",
+            self._outcome("remove", memory, usage, limit, shown),
         )
 
     def _search(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
@@ -349,15 +359,15 @@ class Tools:
         if not 1 <= limit <= MAX_SEARCH_LIMIT:
             raise _ArgumentError(f"`limit` must be between 1 and {MAX_SEARCH_LIMIT}")
         hits = self._engine.search(scope, query, tiers, limit=limit)
-        usage = self._engine.usage(scope, tiers)
+        usage, shown = self._engine.usage(scope, tiers), self._shown(scope)
         head = f"{len(hits)} match{'es' if len(hits) != 1 else ''}" if hits else "No matches"
         lines = [f"{head} ({self._usages(scope, usage)})" + (":" if hits else ".")]
-        lines.extend(f"{n}. [{m.tier.value}] {m.content}" for n, (m, _s) in enumerate(hits, 1))
+        lines.extend(f"{n}. [{m.tier.value}] {shown(m)}" for n, (m, _s) in enumerate(hits, 1))
         return ToolResult(
             "\n".join(lines),
             {
                 "ok": True,
-                "hits": [_memory_data(m) | {"score": round(s, 4)} for m, s in hits],
+                "hits": [_memory_data(m, shown) | {"score": round(s, 4)} for m, s in hits],
                 "usage": self._usage_data(scope, usage),
             },
         )
@@ -365,14 +375,14 @@ class Tools:
     def _list(self, scope: Scope, arguments: Mapping[str, Any]) -> ToolResult:
         tiers = _tiers(_choice(arguments, "target", [*TARGETS, "both"], "both"))
         memories, usage = self._engine.list_memories(scope, tiers, "")
-        settings = self._engine.settings(scope)
+        settings, shown = self._engine.settings(scope), self._shown(scope)
         lines: list[str] = []
         for tier in tiers:
             limit = settings.policy(tier).limit_chars
             own = [m for m in memories if m.tier is tier]
             lines.append(f"{_TIER_NAMES[tier]} {_usage_text(usage[tier], limit)}:")
             lines.extend(
-                f"{n}. ({len(m.content):,} chars) {m.content}" for n, m in enumerate(own, 1)
+                f"{n}. ({len(m.content):,} chars) {shown(m)}" for n, m in enumerate(own, 1)
             )
             if not own:
                 lines.append("(empty)")
@@ -380,12 +390,20 @@ class Tools:
             "\n".join(lines),
             {
                 "ok": True,
-                "memories": [_memory_data(m) for m in memories],
+                "memories": [_memory_data(m, shown) for m in memories],
                 "usage": self._usage_data(scope, usage),
             },
         )
 
     # --- helpers ------------------------------------------------------------
+
+    def _shown(self, scope: Scope) -> Shown:
+        """An entry's content as the frozen and turn blocks show it under the
+        agent's `content_scanning` (sidecar.retrieval.scanner.shown): quoted,
+        withheld, or its forged layout bracketed. Every text and result of
+        these tools that holds an entry's content shows it so."""
+        mode = self._engine.settings(scope).content_scanning
+        return lambda memory: scanner.shown(mode, memory).content
 
     def _content(self, value: str) -> str:
         return clean_content(checked("content", value, self._limits.content_chars, multiline=True))
@@ -411,13 +429,13 @@ class Tools:
 
     @staticmethod
     def _outcome(
-        action: str, memory: Memory, usage: Usage, limit: int, *, created: bool = True
+        action: str, memory: Memory, usage: Usage, limit: int, shown: Shown, *, created: bool = True
     ) -> dict[str, Any]:
         return {
             "ok": True,
             "action": action,
             "created": created,
-            "memory": _memory_data(memory),
+            "memory": _memory_data(memory, shown),
             "usage": {memory.tier.value: _usage_entry(usage, limit)},
         }
 
@@ -429,19 +447,24 @@ class Tools:
             is_error=True,
         )
 
-    def _error(self, name: str, exc: SidecarError) -> ToolResult:
+    def _error(self, scope: Scope, name: str, exc: SidecarError) -> ToolResult:
+        details = dict(exc.details)
         if isinstance(exc, AmbiguousMatch):
-            quoted = "\n".join(f"- {text!r}" for _id, text in exc.candidates)
+            previews = self._previews(scope, exc)
+            quoted = "\n".join(f"- {text!r}" for text in previews.values())
             count = f"more than {len(exc.candidates)}" if exc.more else len(exc.candidates)
             text = (
                 f"Not changed: old_text occurs in {count} entries:\n{quoted}"
                 f"{chr(10) + '- ...' if exc.more else ''}\n"
                 "Quote more of the one you mean as old_text."
             )
+            for n, (memory_id, preview) in enumerate(previews.items(), 1):
+                details[f"candidate_{n}"] = f"{memory_id} {preview}"
         elif isinstance(exc, SimilarExists):
+            similar = self._previews(scope, exc)[exc.memory_id]
             text = (
                 f"Not saved: the {exc.tier} target already holds a similar entry: "
-                f"{exc.content!r}. If the new text corrects it, use action=replace with "
+                f"{similar!r}. If the new text corrects it, use action=replace with "
                 "old_text (the words to change) and new_text; if it says the same, it is "
                 "already saved."
             )
@@ -454,24 +477,37 @@ class Tools:
             text = f"Not done: {exc.message}."
         return ToolResult(
             text,
-            {
-                "ok": False,
-                "error": {"reason": exc.reason, "message": exc.message, **exc.details},
-            },
+            {"ok": False, "error": {"reason": exc.reason, "message": exc.message, **details}},
             is_error=True,
         )
+
+    def _previews(self, scope: Scope, exc: AmbiguousMatch | SimilarExists) -> dict[str, str]:
+        """The entries an error names, by id, as the blocks show them: the
+        start of each candidate, the whole of a similar entry."""
+        mode = self._engine.settings(scope).content_scanning
+        if isinstance(exc, SimilarExists):
+            return {exc.memory_id: scanner.shown_text(mode, exc.content, exc.category)}
+        previews = {}
+        for memory_id, content, category in exc.entries:
+            text = scanner.shown_text(mode, content, category)
+            # A quote's header takes room: a quoted entry shows as much of
+            # its own text as a plain one.
+            extra = max(len(text) - len(content), 0)
+            previews[memory_id] = text[: AmbiguousMatch.PREVIEW_CHARS + extra]
+        return previews
 
     def _full(self, scope: Scope, name: str, exc: BudgetExceeded) -> ToolResult:
         """A full tier: its entries with their sizes, and what to do."""
         tier = Tier(exc.tier)
         memories, _ = self._engine.list_memories(scope, [tier], "")
+        shown = self._shown(scope)
         free = max(exc.limit - exc.used, 0)
         lines = [
             f"Not saved: {_TIER_NAMES[tier]} is full [{exc.used:,}/{exc.limit:,} chars]. "
             f"This needs {exc.requested:,} more characters{_separated(exc)} and {free:,} "
             "are free. "
             "Current entries, with their sizes:",
-            *(f"{n}. ({len(m.content):,} chars) {m.content}" for n, m in enumerate(memories, 1)),
+            *(f"{n}. ({len(m.content):,} chars) {shown(m)}" for n, m in enumerate(memories, 1)),
             "Remove entries that are outdated or less useful (action=remove with old_text), "
             "or shorten some (action=replace), then try again; or save a shorter entry.",
         ]
@@ -480,7 +516,7 @@ class Tools:
             {
                 "ok": False,
                 "error": {"reason": exc.reason, "message": exc.message, **exc.details},
-                "memories": [_memory_data(m) for m in memories],
+                "memories": [_memory_data(m, shown) for m in memories],
             },
             is_error=True,
         )
@@ -498,11 +534,13 @@ class Tools:
 
 
 def arguments_of(text: str) -> Mapping[str, Any] | None:
-    """A call's JSON arguments ("" is no arguments), or None if not JSON."""
+    """A call's JSON arguments ("" is no arguments), or None if not JSON.
+    JSON nested too deep, or with half a surrogate pair in a string, is
+    refused (InvalidArgument, see caller_json): not the model's to retry."""
     if not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
+        parsed = caller_json("arguments_json", text)
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None

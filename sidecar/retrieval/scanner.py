@@ -24,9 +24,9 @@ docs/SECURITY.md).
 
 Owns: the patterns, the finding names and kinds (in ErrorInfo and metrics),
 MODES, the quoted rendering, and what each mode shows of a stored entry with
-a finding. Must not touch: the store, metrics, configuration (the mode is an
-argument), or refusing a write (the engine raises under strict): pure
-functions.
+a finding, wherever a model reads it (`shown`). Must not touch: the store,
+metrics, configuration (the mode is an argument), or refusing a write (the
+engine raises under strict): pure functions.
 """
 
 from __future__ import annotations
@@ -509,7 +509,11 @@ def finding(memory: Memory) -> str | None:
     """The stored entry's finding, if any (in its content or its category):
     the pattern if refused, QUOTED + the pattern if quoted. Partitions keep
     it per entry, so it is scanned once."""
-    found = [f for f in (scan(memory.content), scan(memory.category)) if f is not None]
+    return _finding(memory.content, memory.category)
+
+
+def _finding(content: str, category: str) -> str | None:
+    found = [f for f in (scan(content), scan(category)) if f is not None]
     if not found:
         return None
     refused = [f for f in found if f.refused]
@@ -539,11 +543,35 @@ def injectable(mode: str, memory: Memory, found: str | None) -> Memory:
       put in brackets: no entry can add one. (An entry without a refused
       finding holds no such line: the scan looks for them.)
     """
-    if found is None:
+    content = _rendered(mode, memory.content, found)
+    if content == memory.content:
         return memory
+    withheld = found is not None and mode != "off" and not found.startswith(QUOTED)
+    return dataclasses.replace(
+        memory, content=content, category="" if withheld else memory.category
+    )
+
+
+def _rendered(mode: str, content: str, found: str | None) -> str:
+    if found is None:
+        return content
     if mode == "off":
-        content = layout.neutralise(memory.content)
-        return memory if content == memory.content else dataclasses.replace(memory, content=content)
+        return layout.neutralise(content)
     if found.startswith(QUOTED):
-        return dataclasses.replace(memory, content=quote(memory.content))
-    return dataclasses.replace(memory, content=PLACEHOLDER.format(pattern=found), category="")
+        return quote(content)
+    return PLACEHOLDER.format(pattern=found)
+
+
+def shown(mode: str, memory: Memory) -> Memory:
+    """The stored entry as every text a model reads shows it under scanning
+    `mode`: the frozen block, the turn block and the tools' results
+    (sidecar.domain.tools, sidecar.domain.memory_files) alike. `injectable`,
+    with the entry's finding; a partition that keeps its entries' findings
+    passes them to `injectable` instead of scanning again."""
+    return injectable(mode, memory, finding(memory))
+
+
+def shown_text(mode: str, content: str, category: str = "") -> str:
+    """`shown(mode, memory).content` of an entry known by its text (an
+    error that names it)."""
+    return _rendered(mode, content, _finding(content, category))

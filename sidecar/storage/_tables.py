@@ -224,7 +224,10 @@ class Tables:
             )
         if len(found) > 1:
             candidates = [(row.memory_id, row.content) for row in found]
-            raise AmbiguousMatch(tier=tier.value, match=match, candidates=candidates)
+            categories = [row.category for row in found]
+            raise AmbiguousMatch(
+                tier=tier.value, match=match, candidates=candidates, categories=categories
+            )
         return found[0]
 
     def insert(

@@ -37,6 +37,7 @@ from typing import Any
 
 from sidecar.core.clock import to_micros
 from sidecar.core.errors import InvalidArgument, Reason, SidecarError
+from sidecar.core.limits import caller_json
 from sidecar.core.memory import SEPARATOR_CHARS, Memory, Scope, Tier, check_confidence
 from sidecar.storage import schema
 from sidecar.storage._backend import ROWS_PER_INSERT, PartitionState
@@ -102,7 +103,7 @@ def export_line(owner: str, memory: Memory) -> str:
 def parse_line(number: int, line: str) -> tuple[str, Memory]:
     """One exported line back into (owner, memory); errors name the line."""
     try:
-        item = json.loads(line)
+        item = caller_json("line", line)
         if not isinstance(item, dict):
             raise ValueError("not a JSON object")
         stamps = [
