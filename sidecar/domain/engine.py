@@ -445,9 +445,14 @@ class MemoryEngine(Rooms):
 
     # --- erasure, replication, streams ---------------------------------------
 
-    def forget_user(self, user_id: str, *, actor: str) -> Forgotten:
-        """ForgetUser: erase the user's profile (sidecar.domain.erasure)."""
-        return self._forgetting.forget_user(user_id, actor=actor)
+    def forget_user(self, user_id: str, *, actor: str, erase_notes: bool = False) -> Forgotten:
+        """ForgetUser: erase the user's profile, and with `erase_notes` the
+        agent notes written for the user (sidecar.domain.erasure)."""
+        return self._forgetting.forget_user(user_id, actor=actor, erase_notes=erase_notes)
+
+    def notes_written_for(self, user_id: str) -> list[tuple[str, str]]:
+        """(agent_id, id) of the agent notes written for the user."""
+        return self._forgetting.notes_written_for(user_id)
 
     def delete_scope(self, scope: Scope, tiers: Sequence[Tier], *, actor: str) -> Forgotten:
         """DeleteScope: erase the scope's tiers (sidecar.domain.erasure)."""
