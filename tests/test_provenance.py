@@ -9,15 +9,19 @@ Every test runs on both backends, over a real gRPC server.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.ops import cli
 from sidecar.storage.schema import SCHEMA_VERSION
 from sidecar.storage.store import Store
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.api.test_access import with_token
+from tests.api.test_access_tokens import sha256, write_tokens
+from tests.conftest import MakeSidecar, Running, eventually, refused
 from tests.test_erasure import HEARTBEAT_MS, rows, shown
 from tests.test_export import export, parsed
 
@@ -196,3 +200,33 @@ def test_rows_from_before_schema_10_have_no_writer_and_are_never_erased(
     assert response.agent_notes_written_for_user == 0
     assert response.erasure.memories == 1  # the profile, by its owner
     assert notes(running) == [ADA_NOTE]
+
+
+def test_erasing_them_needs_a_grant_that_reaches_every_agent_holding_one(
+    make_sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    coder_only = {"agents": ["coder"], "users": ["ada"], "erase": True}
+    write_tokens(
+        tokens,
+        [
+            {"name": "dpo", "sha256": sha256("dpo-token"), "agents": ["*"], "users": ["*"]}
+            | {"erase": True},
+            {"name": "coder-eraser", "sha256": sha256("coder-token"), **coder_only},
+        ],
+    )
+    running = make_sidecar(auth_tokens_file=str(tokens))
+    dpo, coder = with_token("dpo-token"), with_token("coder-token")
+    for agent in ("coder", "reviewer"):
+        request = pb.AddMemoryRequest(
+            scope=pb.Scope(agent_id=agent, user_id="ada"), content=ADA_NOTE
+        )
+        running.stub.AddMemory(request, metadata=dpo)
+    ask = pb.ForgetUserRequest(user_id="ada", erase_agent_notes_written_for_user=True)
+    error = refused(running.stub.ForgetUser, ask, metadata=coder, timeout=30)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert rows(running, "SELECT COUNT(*) FROM memories") == [(2,)]
+    reported = running.stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), metadata=coder)
+    assert (reported.agent_notes_written_for_user, reported.agent_notes_erased) == (2, False)
+    erased = running.stub.ForgetUser(ask, metadata=dpo, timeout=30)
+    assert (erased.agent_notes_written_for_user, erased.erasure.memories) == (2, 2)
