@@ -43,14 +43,15 @@ def forget_user(
             metadata={"field": "user_id"},
         )
     access.authorize_user(user_id)
-    erase_notes = request.erase_agent_notes_written_for_user
-    if erase_notes:
-        # Agent notes belong to their agents: erasing them needs a grant
-        # that may address each agent holding one (checked on what is there
-        # now; one written meanwhile is erased under the same grant).
-        for agent_id in sorted({agent for agent, _ in engine.notes_written_for(user_id)}):
-            access.authorize(Scope(agent_id, user_id))
-    forgotten = engine.forget_user(user_id, actor=actor, erase_notes=erase_notes)
+    # Agent notes belong to their agents: erasing them needs a grant that
+    # may address each agent holding one, checked by the store under its
+    # locks, before anything is erased.
+    forgotten = engine.forget_user(
+        user_id,
+        actor=actor,
+        erase_notes=request.erase_agent_notes_written_for_user,
+        authorize=lambda agent_id: access.authorize(Scope(agent_id, user_id)),
+    )
     notes = forgotten.erased.notes
     return pb.ForgetUserResponse(
         erasure=erasure_pb(forgotten),

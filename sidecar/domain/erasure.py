@@ -71,13 +71,21 @@ class Forgetting:
         # answers): emptied on every erasure heard.
         self._listeners = tuple(listeners)
 
-    def forget_user(self, user_id: str, *, actor: str, erase_notes: bool = False) -> Forgotten:
+    def forget_user(
+        self,
+        user_id: str,
+        *,
+        actor: str,
+        erase_notes: bool = False,
+        authorize: Callable[[str], None] | None = None,
+    ) -> Forgotten:
         """Erase the user's profile: the user tier of `user_id`, which every
         agent shares (the user tier belongs to the user_id alone). The agent
         notes written for the user (in a scope of `user_id`; belonging to
         their agents) are reported, and erased too with `erase_notes`; the
-        audit log's target says which was chosen."""
-        notes = Notes(user_id, erase_notes)
+        audit log's target says which was chosen. `authorize(agent_id)`
+        raises unless the caller may erase that agent's notes."""
+        notes = Notes(user_id, erase_notes, authorize)
         target = {"user_id": user_id, "agent_notes": "erased" if erase_notes else "reported"}
         # Their partitions' stripes too, as a write holds them (the store
         # reads the notes again under its locks).

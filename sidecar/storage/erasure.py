@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,9 @@ class Notes:
 
     user_id: str
     erase: bool = False
+    # Raises unless the caller may erase that agent's notes: called under
+    # the locks for each agent holding one, before anything is erased.
+    authorize: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,9 @@ class Erasure:
                 # Read again under the locks: what is erased is what is reported.
                 found = self.written_for(notes.user_id)
                 if notes.erase:
+                    for agent_id in sorted({owner for owner, _, _ in found}):
+                        if notes.authorize is not None:
+                            notes.authorize(agent_id)
                     erased += self._erase_notes(found, totals, now)
             whole = {key: state for key, state in states.items() if key in wanted}
             erased += self._erase_partitions(whole, totals, now)
