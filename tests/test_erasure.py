@@ -427,7 +427,7 @@ def test_the_audit_log_says_who_what_when_and_how_many_never_content(
     lines = [json.loads(line) for line in result.out.splitlines()]
     assert [line["action"] for line in lines] == ["ForgetUser", "DeleteScope"]
     assert lines[0]["actor"] == "unauthenticated"
-    assert lines[0]["target"] == {"user_id": "ada"}
+    assert lines[0]["target"] == {"user_id": "ada", "agent_notes": "reported"}
     assert lines[0]["counts"]["memories"] == 1
     assert lines[1]["target"] == {"agent_id": "coder", "user_id": "ada", "tiers": "memory"}
     assert datetime.fromisoformat(lines[0]["at"]).tzinfo is not None

@@ -169,14 +169,18 @@ def test_for_user_exports_the_profile_whatever_the_agent(make_sidecar: MakeSidec
             "Ada writes Rust", scope=pb.Scope(agent_id="reviewer", user_id="ada"), tier=pb.TIER_USER
         ).memory.id,
     ]
-    running.add("coder's note while serving Ada", scope=SCOPE)
-    running.add("the default agent's note", scope=pb.Scope(user_id="ada"))
+    # Agent notes written while serving Ada: the agents', but Ada's data too.
+    notes = [
+        running.add("coder's note while serving Ada", scope=SCOPE).memory.id,
+        running.add("the default agent's note", scope=pb.Scope(user_id="ada")).memory.id,
+    ]
+    running.add("coder's note while serving Bob", scope=pb.Scope(agent_id="coder", user_id="bob"))
     running.add("Bob's profile", scope=pb.Scope(agent_id="coder", user_id="bob"), tier=pb.TIER_USER)
     mine = pb.Scope(user_id="ada")
     for tier in (pb.TIER_UNSPECIFIED, pb.TIER_USER):
         responses = export(running, scope=mine, tier=tier, for_user=True)
-        assert ids(responses) == profile
-        assert {owner for owner, _ in parsed(responses)} == {"ada"}
+        assert ids(responses) == profile + notes
+        assert [owner for owner, _ in parsed(responses)] == ["ada", "ada", "coder", ""]
     error = refused(export, running, scope=SCOPE, for_user=True)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(error).reason == "FOR_USER_WITH_AGENT"

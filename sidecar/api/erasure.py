@@ -5,7 +5,9 @@ Only a grant with `erase` may call either (sidecar.api.access: a tokens-file
 entry with `erase: true`, or no auth configured at all; never the single
 `auth_token_file` token), and a grant limited to some agents or users may
 only erase what it lists. The erase grant is checked first: a token that
-may not erase learns nothing about scopes.
+may not erase learns nothing about scopes. ForgetUser reports the agent
+notes written for the user and erases them only when the request asks
+(and the grant may address every agent holding one).
 
 Owns: the erasure RPCs' checks and rendering. Must not touch: the store,
 partitions or sessions (only MemoryEngine's erasures), statuses, grpc.
@@ -23,6 +25,10 @@ from sidecar.core.memory import Scope, Tier
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.erasure import Forgotten
 
+# Ids of the agent notes written for the user a ForgetUser answer lists
+# (an id is at most 36 characters: 1000 fit in any response limit).
+MAX_NOTE_IDS = 1000
+
 
 def forget_user(
     engine: MemoryEngine, limits: Limits, request: pb.ForgetUserRequest
@@ -37,8 +43,22 @@ def forget_user(
             metadata={"field": "user_id"},
         )
     access.authorize_user(user_id)
-    forgotten = engine.forget_user(user_id, actor=actor)
-    return pb.ForgetUserResponse(erasure=erasure_pb(forgotten))
+    # Agent notes belong to their agents: erasing them needs a grant that
+    # may address each agent holding one, checked by the store under its
+    # locks, before anything is erased.
+    forgotten = engine.forget_user(
+        user_id,
+        actor=actor,
+        erase_notes=request.erase_agent_notes_written_for_user,
+        authorize=lambda agent_id: access.authorize(Scope(agent_id, user_id)),
+    )
+    notes = forgotten.erased.notes
+    return pb.ForgetUserResponse(
+        erasure=erasure_pb(forgotten),
+        agent_notes_written_for_user=len(notes),
+        agent_note_ids_written_for_user=notes[:MAX_NOTE_IDS],
+        agent_notes_erased=forgotten.erased.notes_erased,
+    )
 
 
 def delete_scope(

@@ -98,7 +98,11 @@ class _Position:
         self.seqs = after
 
     def sent(self, owner: str, memory: Memory) -> None:
-        self.seqs[self._index[(owner, memory.tier)]] = memory.seq
+        key = (owner, memory.tier)
+        if memory.written_for is not None:
+            # A note read as written for the user: that pseudo-partition's.
+            key = archive.written_for(memory.written_for)
+        self.seqs[self._index[key]] = memory.seq
 
 
 class ExportStream:

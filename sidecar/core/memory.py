@@ -59,6 +59,9 @@ class Memory:
     seq: int = 0
     # When it expires (never: None); an expired entry is never read back.
     expires_at: datetime | None = None
+    # Set only on an agent note a for_user export reads as written for that
+    # user (its writer; schema 10). Never shown to the model.
+    written_for: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -450,9 +450,20 @@ class MemoryEngine(Rooms):
 
     # --- erasure, replication, streams ---------------------------------------
 
-    def forget_user(self, user_id: str, *, actor: str) -> Forgotten:
-        """ForgetUser: erase the user's profile (sidecar.domain.erasure)."""
-        return self._forgetting.forget_user(user_id, actor=actor)
+    def forget_user(
+        self,
+        user_id: str,
+        *,
+        actor: str,
+        erase_notes: bool = False,
+        authorize: Callable[[str], None] | None = None,
+    ) -> Forgotten:
+        """ForgetUser: erase the user's profile, and with `erase_notes` the
+        agent notes written for the user, each agent's `authorize`d first
+        (sidecar.domain.erasure)."""
+        return self._forgetting.forget_user(
+            user_id, actor=actor, erase_notes=erase_notes, authorize=authorize
+        )
 
     def delete_scope(self, scope: Scope, tiers: Sequence[Tier], *, actor: str) -> Forgotten:
         """DeleteScope: erase the scope's tiers (sidecar.domain.erasure)."""

@@ -33,7 +33,7 @@ from sidecar.domain.partition import PartitionKey, Partitions
 from sidecar.domain.sessions import SessionTable
 from sidecar.domain.snapshots import View
 from sidecar.retrieval.semantic import Semantic
-from sidecar.storage.erasure import Erased
+from sidecar.storage.erasure import Erased, Notes
 from sidecar.storage.store import Store
 
 
@@ -71,10 +71,31 @@ class Forgetting:
         # answers): emptied on every erasure heard.
         self._listeners = tuple(listeners)
 
-    def forget_user(self, user_id: str, *, actor: str) -> Forgotten:
+    def forget_user(
+        self,
+        user_id: str,
+        *,
+        actor: str,
+        erase_notes: bool = False,
+        authorize: Callable[[str], None] | None = None,
+    ) -> Forgotten:
         """Erase the user's profile: the user tier of `user_id`, which every
-        agent shares (the user tier belongs to the user_id alone)."""
-        return self._erase([(Tier.USER, user_id)], actor, "ForgetUser", {"user_id": user_id})
+        agent shares (the user tier belongs to the user_id alone). The agent
+        notes written for the user (in a scope of `user_id`; belonging to
+        their agents) are reported, and erased too with `erase_notes`; the
+        audit log's target says which was chosen. `authorize(agent_id)`
+        raises unless the caller may erase that agent's notes."""
+        notes = Notes(user_id, erase_notes, authorize)
+        target = {"user_id": user_id, "agent_notes": "erased" if erase_notes else "reported"}
+        # Their partitions' stripes too, as a write holds them (the store
+        # reads the notes again under its locks).
+        held = self.notes_written_for(user_id) if erase_notes else []
+        extra = sorted({(Tier.MEMORY, agent_id) for agent_id, _ in held}, key=lambda k: k[1])
+        return self._erase([(Tier.USER, user_id)], actor, "ForgetUser", target, notes, extra)
+
+    def notes_written_for(self, user_id: str) -> list[tuple[str, str]]:
+        """(agent_id, id) of the agent notes written for the user, oldest first."""
+        return self._store.erasure.notes_written_for(user_id)
 
     def delete_scope(self, scope: Scope, tiers: Sequence[Tier], *, actor: str) -> Forgotten:
         """Erase the scope's tiers: the agent's notes (agent_id) and/or the
@@ -87,13 +108,22 @@ class Forgetting:
         return self._erase([(t, scope.owner(t)) for t in tiers], actor, "DeleteScope", target)
 
     def _erase(
-        self, keys: list[PartitionKey], actor: str, action: str, target: dict[str, str]
+        self,
+        keys: list[PartitionKey],
+        actor: str,
+        action: str,
+        target: dict[str, str],
+        notes: Notes | None = None,
+        noted: Sequence[PartitionKey] = (),
     ) -> Forgotten:
         # The partitions' stripes, as a write holds them: no load of them
         # interleaves, so nothing read before the commit is cached after it.
-        with self._partitions.writing(keys):
-            with self._partitions.erasing(keys) as heard:
-                erased = self._store.erasure.erase(keys, actor=actor, action=action, target=target)
+        held = [*keys, *noted]
+        with self._partitions.writing(held):
+            with self._partitions.erasing(held) as heard:
+                erased = self._store.erasure.erase(
+                    keys, actor=actor, action=action, target=target, notes=notes
+                )
             # Each partition's newest erasure: this one, one found committed
             # (a retry after a crash, another replica's), or one the feed
             # brought meanwhile. Applied here even when nothing was left to

@@ -69,11 +69,13 @@ class Exports:
         scope: Scope, tiers: Sequence[Tier], *, for_user: bool = False
     ) -> list[Partition]:
         """(owner, tier) of what to export: the scope's tiers, or with
-        `for_user` the user tier of scope.user_id alone. The user tier is
+        `for_user` the user tier of scope.user_id and the agent notes
+        written for that user (archive.written_for). The user tier is
         keyed by the user, not the agent, so that one partition holds every
         entry any agent stored in the user's profile."""
         if for_user:
-            return [(scope.user_id, Tier.USER)]
+            # And the agent notes written for the user (their agents' own).
+            return [(scope.user_id, Tier.USER), archive.written_for(scope.user_id)]
         return [(scope.owner(tier), tier) for tier in tiers]
 
     @contextlib.contextmanager

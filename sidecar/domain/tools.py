@@ -30,6 +30,7 @@ authorize the scope before calling).
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,8 @@ if TYPE_CHECKING:
 
 # A substring edit read again after another writer changed its entry meanwhile.
 _EDIT_ATTEMPTS = 3
+# The session of the call running on this thread (Tools.call sets it).
+_SESSION: contextvars.ContextVar[str] = contextvars.ContextVar("tool_session", default="")
 # Errors of these kinds are the model's to act on: returned as tool errors.
 _MODELS_TO_FIX = (InvalidArgument, NotFound, FailedPrecondition, AlreadyExists)
 _TIER_NAMES = {Tier.MEMORY: "agent notes (target=memory)", Tier.USER: "user profile (target=user)"}
@@ -215,6 +218,9 @@ class Tools:
                 "set by the connection, not by arguments)",
                 Reason.ARGUMENTS_INVALID,
             )
+        # The call's session, recorded on what it adds (NewEntry.session_id)
+        # without threading it through every action's signature.
+        token = _SESSION.set(session_id)
         try:
             return run(scope, arguments)
         except _ArgumentError as exc:
@@ -227,6 +233,8 @@ class Tools:
             raise  # a FailedPrecondition, but the operator's to mend, not the model's
         except _MODELS_TO_FIX as exc:
             return self._error(scope, name, exc)
+        finally:
+            _SESSION.reset(token)
 
     # --- the tools ----------------------------------------------------------
 
@@ -285,7 +293,7 @@ class Tools:
         content = self._content(_text(arguments, "content", required=True))
         if arguments.get("old_text"):
             raise _ArgumentError("`old_text` is for replace and remove; add takes content")
-        added = self._engine.add(NewEntry(scope, tier, content))
+        added = self._engine.add(NewEntry(scope, tier, content, session_id=_SESSION.get()))
         memory, usage, shown = added.memory, added.usage, self._shown(scope)
         verb = "Saved to" if added.created else "Already saved (an identical entry) in"
         text = f"{verb} {_TIER_NAMES[tier]} {_usage_text(usage, limit)}: {shown(memory)}"

@@ -67,6 +67,12 @@ SESSION_EVENTS_KEPT_SECONDS = 3600
 # partition in seq order instead (PostgreSQL's generic plan did: 1 ms per
 # write at 10,000 entries).
 CONTENT_INDEX = "(owner, tier, content_sha256, seq)"
+# The agent notes written for a user (ForgetUser, a for_user export): rows
+# of a known writer only (schema 10).
+PROVENANCE_INDEX = (
+    "CREATE INDEX idx_memories_written_for ON memories (written_for_user_id, tier, seq)"
+    " WHERE written_for_user_id IS NOT NULL"
+)
 # Rows per multi-row INSERT of a bulk write (a restore): one round trip per
 # batch, well under SQLite's 32,766 parameters and PostgreSQL's 65,535.
 ROWS_PER_INSERT = 500
@@ -176,6 +182,8 @@ class Backend(abc.ABC):
     # `erased` to it, returning it (sidecar.storage.erasure); on PostgreSQL it also
     # NOTIFYs with the erasure, as _advance_sql does with a write.
     _erase_sql: str
+    # The same with the partition's totals given: some entries were erased.
+    _thin_sql: str
     # The SQL function (text, part) -> where part first occurs in text, from
     # 1, or 0: exact and case-sensitive, unlike LIKE (which SQLite folds for
     # ASCII, and where % and _ are wildcards).
@@ -226,6 +234,15 @@ class Backend(abc.ABC):
         index), its generation advanced, and `erased` set to that generation,
         which is returned. Call inside write_transaction, after lock_partition."""
         return int(self.db.execute_sql(self._erase_sql, (owner, tier)).fetchone()[0])
+
+    def thinned_state(self, owner: str, tier: str, content_chars: int, entry_count: int) -> int:
+        """Mark the partition erased after some of its entries were (the
+        agent notes ForgetUser erases for a user): its totals set, its
+        persisted index dropped, its generation advanced and `erased` set to
+        it, which is returned. Call inside write_transaction, after
+        lock_partition."""
+        params = (content_chars, entry_count, owner, tier)
+        return int(self.db.execute_sql(self._thin_sql, params).fetchone()[0])
 
     def batches(
         self, sql: str, params: Sequence[object], size: int

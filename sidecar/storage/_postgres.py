@@ -53,6 +53,7 @@ from sidecar.storage._backend import (
     KEY_BYTES,
     KEYS_TABLE,
     PAGE_TOKEN_KEY,
+    PROVENANCE_INDEX,
     SCHEMA_TABLE,
     SESSION_EVENTS_TABLE,
     STATE_TABLE,
@@ -265,6 +266,13 @@ def _v9_session_events(db: Any) -> None:
     )
 
 
+def _v10_provenance(db: Any) -> None:
+    """Schema 10: as SQLite's (sidecar.storage._sqlite._v10_provenance)."""
+    db.execute_sql("ALTER TABLE memories ADD COLUMN written_for_user_id TEXT")
+    db.execute_sql("ALTER TABLE memories ADD COLUMN written_in_session TEXT")
+    db.execute_sql(PROVENANCE_INDEX)
+
+
 # (version, what it does, how). Append only, numbered like SQLite's: the
 # same version means the same schema on both backends.
 MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
@@ -274,6 +282,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Any], None]]] = [
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
     (8, "the key page tokens are signed with", _v8_keys),
     (9, "session events", _v9_session_events),
+    (10, "who each entry was written for", _v10_provenance),
 ]
 
 # SQLSTATEs a client can act on by retrying.
@@ -377,6 +386,14 @@ class PostgresBackend(Backend):
         " RETURNING owner, tier, generation, erased)"
         f" SELECT generation, pg_notify('{CHANNEL}',"
         " json_build_array(owner, tier, generation, erased)::text) FROM emptied"
+    )
+    _thin_sql = (
+        f"WITH next AS (SELECT nextval('{SEQUENCE}') AS g),"
+        f" thinned AS (UPDATE {STATE_TABLE} SET content_chars = %s, entry_count = %s,"
+        " indexed = 0, generation = next.g, erased = next.g FROM next"
+        " WHERE owner = %s AND tier = %s RETURNING owner, tier, generation, erased)"
+        f" SELECT generation, pg_notify('{CHANNEL}',"
+        " json_build_array(owner, tier, generation, erased)::text) FROM thinned"
     )
 
     def __init__(

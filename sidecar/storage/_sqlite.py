@@ -46,6 +46,7 @@ from sidecar.storage._backend import (
     KEY_BYTES,
     KEYS_TABLE,
     PAGE_TOKEN_KEY,
+    PROVENANCE_INDEX,
     SCHEMA_TABLE,
     SESSION_EVENTS_TABLE,
     STATE_TABLE,
@@ -339,6 +340,15 @@ def _v9_session_events(db: PooledSqliteDatabase) -> None:
     )
 
 
+def _v10_provenance(db: PooledSqliteDatabase) -> None:
+    """Schema 10: who each entry was written for (the writing scope's
+    user_id, and its session when the write named one). Existing rows get
+    NULL: an unknown writer, which ForgetUser never counts as anyone's."""
+    db.execute_sql("ALTER TABLE memories ADD COLUMN written_for_user_id TEXT")
+    db.execute_sql("ALTER TABLE memories ADD COLUMN written_in_session TEXT")
+    db.execute_sql(PROVENANCE_INDEX)
+
+
 def content_digest(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
@@ -354,6 +364,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[peewee.Database], None]]] = [
     (7, "expiry, the event log, the erasure audit log", _v7_lifecycle),
     (8, "the key page tokens are signed with", _v8_keys),
     (9, "session events", _v9_session_events),
+    (10, "who each entry was written for", _v10_provenance),
 ]
 
 
@@ -443,6 +454,12 @@ class SqliteBackend(Backend):
     # Both subqueries read the table before the row changes: one value.
     _erase_sql = (
         f"UPDATE {STATE_TABLE} SET content_chars = 0, entry_count = 0, indexed = 0,"
+        f" generation = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1,"
+        f" erased = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1"
+        " WHERE owner = ? AND tier = ? RETURNING generation"
+    )
+    _thin_sql = (
+        f"UPDATE {STATE_TABLE} SET content_chars = ?, entry_count = ?, indexed = 0,"
         f" generation = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1,"
         f" erased = (SELECT MAX(generation) FROM {STATE_TABLE}) + 1"
         " WHERE owner = ? AND tier = ? RETURNING generation"

@@ -130,6 +130,8 @@ class Statements:
             "created_at": -1_000_002,
             "updated_at": -1_000_003,
             "expires_at": -1_000_006,
+            "written_for_user_id": "\x00writer",
+            "written_in_session": "\x00session",
         }
         self.insert = Template(Row.insert(**values), values)
         self._insert_values = values

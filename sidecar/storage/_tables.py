@@ -16,6 +16,7 @@ sidecar.storage.writes), anything above the storage layer.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from sidecar.storage import _sqlite
 from sidecar.storage._backend import ROWS_PER_INSERT, Backend, PartitionState
 from sidecar.storage._statements import KEEP_EXPIRED, Record, Statements, Template, unexpired
 from sidecar.storage.schema import _bind, _Key, _Row
+from sidecar.storage.writes import NewEntry
 
 # Seqs per `IN (...)` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
 _SEQ_BATCH = 500
@@ -102,6 +104,9 @@ class Tables:
                     created_at=row.created_at,
                     updated_at=row.updated_at,
                     expires_at=row.expires_at,
+                    # A restored row's writer is unknown (schema 10).
+                    written_for_user_id=None,
+                    written_in_session=None,
                 )
             ]
             self.db.execute_sql(self.sql.insert_rows(len(batch)), params)
@@ -230,6 +235,22 @@ class Tables:
             )
         return found[0]
 
+    def insert_new(self, entry: NewEntry, owner: str, now: int, expires_at: int | None) -> Record:
+        """An added entry's row, inserted with a new id, as written for
+        the entry's scope and session."""
+        return self.insert(
+            str(uuid.uuid4()),
+            owner,
+            entry.tier,
+            entry.content,
+            entry.category,
+            entry.confidence,
+            now,
+            expires_at=expires_at,
+            written=entry.scope,
+            session_id=entry.session_id,
+        )
+
     def insert(
         self,
         memory_id: str,
@@ -241,7 +262,12 @@ class Tables:
         created_at: int,
         updated_at: int | None = None,
         expires_at: int | None = None,
+        written: Scope | None = None,
+        session_id: str = "",
     ) -> Record:
+        """Insert a row: `written` is the scope that wrote it and
+        `session_id` its session ("": none named), kept for ForgetUser and a
+        for_user export, never shown to the model; None: unknown."""
         row = Record(
             0,
             memory_id,
@@ -269,6 +295,8 @@ class Tables:
                 created_at=row.created_at,
                 updated_at=row.updated_at,
                 expires_at=row.expires_at,
+                written_for_user_id=None if written is None else written.user_id,
+                written_in_session=session_id or None,
             ),
         )
         return row._replace(seq=self.backend.inserted_seq(cursor))

@@ -26,13 +26,13 @@ engine, service or server, ranking, compact, grpc.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import json
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from operator import attrgetter
 from typing import Any
 
 from sidecar.core.clock import to_micros
@@ -95,6 +95,9 @@ def export_line(owner: str, memory: Memory) -> str:
             "updated_at": iso_time(memory.updated_at),
             # Only on entries that expire: older readers see the lines they knew.
             **({"expires_at": iso_time(memory.expires_at)} if memory.expires_at else {}),
+            # Only on an agent note a for_user export includes as written
+            # for its user (import reads it as an agent note like any other).
+            **({"written_for_user_id": memory.written_for} if memory.written_for else {}),
         },
         ensure_ascii=False,
     )
@@ -136,6 +139,10 @@ def parse_line(number: int, line: str) -> tuple[str, Memory]:
 
 # --- reading everything, or some partitions, in one snapshot -------------------
 
+# The owner of the partition an export reads the agent notes written for a
+# user as (see `written_for`): no id holds a control character.
+WRITTEN_FOR = "\x00written-for:"
+
 
 def _after(
     store: Store, after: int, limit: int, partition: tuple[str, Tier] | None, live: bool = False
@@ -149,7 +156,11 @@ def _after(
     # export's time.
     columns = [getattr(Row, name) for name in Record._fields]
     query = Row.select(*columns).where(Row.seq > after)
-    if partition is not None:
+    if partition is not None and partition[0].startswith(WRITTEN_FOR):
+        # idx_memories_written_for (written_for_user_id, tier, seq).
+        user_id = partition[0].removeprefix(WRITTEN_FOR)
+        query = query.where((Row.written_for_user_id == user_id) & (Row.tier == partition[1].value))
+    elif partition is not None:
         owner, tier = partition
         # idx_memories_scope (owner, tier, seq): a range scan, whatever the
         # partition's size or the position.
@@ -204,11 +215,30 @@ def exported(
     backend = store.tables.backend
     with backend.guard(), backend.db.connection_context(), backend.read_transaction():
         walks = [
-            _walk(store, seq, batch, partition, True)
+            _marked(_walk(store, seq, batch, partition, True), partition)
             for partition, seq in zip(partitions, after, strict=True)
         ]
-        for row in heapq.merge(*walks, key=attrgetter("seq")):
-            yield row.owner, to_memory(row)
+        for row, written_for in heapq.merge(*walks, key=lambda marked: marked[0].seq):
+            memory = to_memory(row)
+            if written_for is not None:
+                memory = dataclasses.replace(memory, written_for=written_for)
+            yield row.owner, memory
+
+
+def written_for(user_id: str) -> tuple[str, Tier]:
+    """What an export reads as a partition: the agent notes written for
+    the user (in a scope with this user_id, by any agent; schema 10)."""
+    return WRITTEN_FOR + user_id, Tier.MEMORY
+
+
+def _marked(
+    rows: Iterator[Record], partition: tuple[str, Tier]
+) -> Iterator[tuple[Record, str | None]]:
+    """Each row with the user it was read as written for (None: a partition's own)."""
+    owner = partition[0]
+    user_id = owner.removeprefix(WRITTEN_FOR) if owner.startswith(WRITTEN_FOR) else None
+    for row in rows:
+        yield row, user_id
 
 
 def restore(store: Store, entries: Iterable[tuple[str, Memory]]) -> tuple[int, list[str]]:

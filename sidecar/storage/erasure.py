@@ -23,7 +23,17 @@ so a repeated call answers zeros; it is still audited, and says which
 partitions were erased before (`earlier`). A partition never written is
 not touched at all (it gets no state row).
 
-Owns: the erasure transaction, the Erased counts and the audit log's rows.
+ForgetUser also finds the agent notes written for the user (rows of any
+agent's memory tier whose `written_for_user_id` is the user, schema 10;
+NULL, an unknown writer, is nobody's) and reports their ids; asked to
+(`Notes.erase`), it erases them in the same transaction: their rows,
+vectors, keys and events, the persisted index and change log of each agent
+partition holding one (they hold the entries' terms), whose state row is
+then set to what is left, with a new generation as `erased`, and a
+`delete` event per note.
+
+Owns: the erasure transaction, the Erased counts, the agent notes written
+for a user, and the audit log's rows.
 Must not touch: caches, sessions or snapshots (sidecar.domain.erasure drops
 them), the engine, gRPC, who may erase (sidecar.api.access).
 """
@@ -32,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +55,25 @@ from sidecar.storage._backend import (
     INDEX_TABLE,
     STATE_TABLE,
     VECTORS_TABLE,
+    PartitionState,
 )
 from sidecar.storage._tables import Tables
 
 PartitionKey = tuple[Tier, str]
+# Values per IN list of a row-level erasure.
+_IN_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Notes:
+    """ForgetUser's agent notes written for `user_id` (schema 10): found
+    and reported, and erased only when `erase` is asked for."""
+
+    user_id: str
+    erase: bool = False
+    # Raises unless the caller may erase that agent's notes: called under
+    # the locks for each agent holding one, before anything is erased.
+    authorize: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +96,17 @@ class Erased:
     # another replica's erasure) with the generation of that erasure. A
     # process that missed it must still let go of what it built before it.
     earlier: tuple[tuple[PartitionKey, int], ...] = field(default=())
+    # ForgetUser: the ids of the agent notes written for the user (schema
+    # 10), oldest first, and whether they were erased (counted in the totals
+    # above then) or only reported.
+    notes: tuple[str, ...] = field(default=())
+    notes_erased: bool = False
 
     def counts(self) -> dict[str, int]:
         """The counts as the audit log records them."""
         kept = ("memories", "vectors", "idempotency_keys", "change_rows", "index_parts")
-        return {**{name: getattr(self, name) for name in kept}, "partitions": len(self.partitions)}
+        counts = {name: getattr(self, name) for name in kept}
+        return {**counts, "partitions": len(self.partitions), "agent_notes": len(self.notes)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +136,21 @@ class Erasure:
         actor: str,
         action: str,
         target: Mapping[str, str],
+        notes: Notes | None = None,
     ) -> Erased:
-        """Erase these partitions and audit it, all in one transaction."""
+        """Erase these partitions and audit it, all in one transaction;
+        with `notes`, report (and if asked, erase) the agent notes written
+        for a user too."""
         backend = self._backend
-        # A fixed order (owner, then tier): two erasures of overlapping
-        # partitions lock them in the same order, so neither deadlocks.
-        ordered = sorted({(owner, tier.value) for tier, owner in keys})
         totals = dict.fromkeys(("memories", "vectors", "keys", "changes", "parts"), 0)
         erased: list[tuple[PartitionKey, int]] = []
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
+            found = self.written_for(notes.user_id) if notes else []
+            noted = {(owner, Tier.MEMORY.value) for owner, _, _ in found}
+            # A fixed order (owner, then tier): two erasures of overlapping
+            # partitions lock them in the same order, so neither deadlocks.
+            wanted = {(owner, tier.value) for tier, owner in keys}
+            ordered = sorted(wanted | (noted if notes and notes.erase else set()))
             # A partition never written has no state row, and gets none:
             # nothing of it is stored, nor cached anywhere.
             locked = {key: backend.lock_existing(*key) for key in ordered}
@@ -124,14 +161,16 @@ class Erasure:
                 if state.erased
             )
             now = to_micros(self._clock())
-            for (owner, tier), state in states.items():
-                removed = self._remove(owner, tier)
-                for name, count in removed.items():
-                    totals[name] += count
-                if any(removed.values()) or state.entry_count or state.content_chars:
-                    generation = backend.erased_state(owner, tier)
-                    self._tables.logged(owner, Tier(tier), generation, "erase", "", now)
-                    erased.append(((Tier(tier), owner), generation))
+            if notes:
+                # Read again under the locks: what is erased is what is reported.
+                found = self.written_for(notes.user_id)
+                if notes.erase:
+                    for agent_id in sorted({owner for owner, _, _ in found}):
+                        if notes.authorize is not None:
+                            notes.authorize(agent_id)
+                    erased += self._erase_notes(found, totals, now)
+            whole = {key: state for key, state in states.items() if key in wanted}
+            erased += self._erase_partitions(whole, totals, now)
             result = Erased(
                 memories=totals["memories"],
                 vectors=totals["vectors"],
@@ -141,9 +180,104 @@ class Erasure:
                 generation=max((g for _, g in erased), default=0),
                 partitions=tuple(erased),
                 earlier=earlier,
+                notes=tuple(memory_id for _, _, memory_id in found),
+                notes_erased=bool(notes and notes.erase),
             )
             audit_id = self._audit(now, actor, action, target, result)
         return dataclasses.replace(result, audit_id=audit_id)
+
+    def _erase_partitions(
+        self, states: Mapping[tuple[str, str], PartitionState], totals: dict[str, int], now: int
+    ) -> list[tuple[PartitionKey, int]]:
+        """Erase these whole partitions (locked); add to `totals`."""
+        erased: list[tuple[PartitionKey, int]] = []
+        for (owner, tier), state in states.items():
+            removed = self._remove(owner, tier)
+            for name, count in removed.items():
+                totals[name] += count
+            if any(removed.values()) or state.entry_count or state.content_chars:
+                generation = self._backend.erased_state(owner, tier)
+                self._tables.logged(owner, Tier(tier), generation, "erase", "", now)
+                erased.append(((Tier(tier), owner), generation))
+        return erased
+
+    def written_for(self, user_id: str) -> list[tuple[str, int, str]]:
+        """(agent_id, seq, id) of the agent notes written for the user
+        (expired or not), oldest first. Call inside a connection."""
+        p = self._db.param
+        rows = self._db.execute_sql(
+            f"SELECT owner, seq, id FROM memories WHERE written_for_user_id = {p}"
+            f" AND tier = {p} ORDER BY seq",
+            (user_id, Tier.MEMORY.value),
+        ).fetchall()
+        return [(str(owner), int(seq), str(memory_id)) for owner, seq, memory_id in rows]
+
+    def notes_written_for(self, user_id: str) -> list[tuple[str, str]]:
+        """(agent_id, id) of the agent notes written for the user, oldest
+        first, as of now (ForgetUser locks and reads them again)."""
+        with self._backend.guard(), self._db.connection_context():
+            return [(owner, memory_id) for owner, _, memory_id in self.written_for(user_id)]
+
+    def _erase_notes(
+        self, found: list[tuple[str, int, str]], totals: dict[str, int], now: int
+    ) -> list[tuple[PartitionKey, int]]:
+        """Delete these notes (their partitions locked) and what derives
+        from them, each partition marked erased; add to `totals`."""
+        by_owner: dict[str, list[tuple[int, str]]] = {}
+        for owner, seq, memory_id in found:
+            by_owner.setdefault(owner, []).append((seq, memory_id))
+        erased: list[tuple[PartitionKey, int]] = []
+        for owner, notes in sorted(by_owner.items()):
+            removed = self._remove_rows(owner, [seq for seq, _ in notes], [i for _, i in notes])
+            for name, count in removed.items():
+                totals[name] += count
+            p = self._db.param
+            chars, count = self._db.execute_sql(
+                f"SELECT COALESCE(SUM(content_chars), 0), COUNT(*) FROM memories"
+                f" WHERE owner = {p} AND tier = {p}",
+                (owner, Tier.MEMORY.value),
+            ).fetchone()
+            generation = self._backend.thinned_state(
+                owner, Tier.MEMORY.value, int(chars), int(count)
+            )
+            ids = [memory_id for _, memory_id in notes]
+            self._tables.logged_many(owner, Tier.MEMORY, generation, "delete", ids, now)
+            erased.append(((Tier.MEMORY, owner), generation))
+        return erased
+
+    def _remove_rows(self, owner: str, seqs: list[int], ids: list[str]) -> dict[str, int]:
+        """Delete some entries of one agent's notes and what derives from
+        them: their vectors, keys and events, and the partition's persisted
+        index and change log (the index holds the entries' terms; the tier
+        is loaded from its rows until an index is saved again)."""
+        p = self._db.param
+        where = f"owner = {p} AND tier = {p}"
+        params = (owner, Tier.MEMORY.value)
+        self._run(f"UPDATE {STATE_TABLE} SET indexed = 0 WHERE {where}", params)
+        return {
+            "parts": self._run(f"DELETE FROM {INDEX_TABLE} WHERE {where}", params),
+            "changes": self._run(f"DELETE FROM {CHANGES_TABLE} WHERE {where}", params)
+            + self._run_in(
+                f"DELETE FROM {EVENTS_TABLE} WHERE {where} AND kind <> 'erase' AND memory_id",
+                params,
+                ids,
+            ),
+            "vectors": self._run_in(f"DELETE FROM {VECTORS_TABLE} WHERE seq", (), seqs),
+            "memories": self._run_in(f"DELETE FROM memories WHERE {where} AND seq", params, seqs),
+            "keys": self._run_in(
+                f"DELETE FROM idempotency_keys WHERE {where} AND memory_id", params, ids
+            ),
+        }
+
+    def _run_in(self, sql: str, params: tuple[object, ...], values: Sequence[object]) -> int:
+        """`sql` ending in a column, run with `IN (values)` after it, in
+        chunks well under either backend's limit on parameters."""
+        count = 0
+        for start in range(0, len(values), _IN_CHUNK):
+            chunk = values[start : start + _IN_CHUNK]
+            marks = ", ".join([self._db.param] * len(chunk))
+            count += self._run(f"{sql} IN ({marks})", (*params, *chunk))
+        return count
 
     def _remove(self, owner: str, tier: str) -> dict[str, int]:
         """Delete one partition's rows and what derives from them; the counts."""

@@ -46,6 +46,11 @@ class _Row(peewee.Model):
     updated_at = peewee.BigIntegerField()
     # Schema 7: when the entry expires (microseconds), NULL for never.
     expires_at = peewee.BigIntegerField(null=True)
+    # Schema 10: the user_id (and the session, when the write named one) of
+    # the scope that wrote the entry; NULL for rows written before (an
+    # unknown writer, never erased by ForgetUser as written for anyone).
+    written_for_user_id = peewee.TextField(null=True)
+    written_in_session = peewee.TextField(null=True)
 
 
 class _Key(peewee.Model):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -297,7 +296,7 @@ class Store:
                 return _unchanged(self.tables, existing, locked, purged, now)
             added = len(content) + (SEPARATOR_CHARS if usage.entry_count else 0)
             check_budget(tier, policy, usage.used_chars, added, len(content))
-            row = _inserted(self.tables, entry, owner, now, expires)
+            row = self.tables.insert_new(entry, owner, now, expires.applied(None))
             _put_vector(self.tables, row.seq, content, vector)
             _remember(self.tables, owner, tier, key, row.memory_id, content, now)
             after = state._replace(
@@ -521,20 +520,6 @@ def _unchanged(
     if expired:
         generation = advance(tables, row.owner, Tier(row.tier), state, expired, None, now)
     return _done(row, purged.weighed(state), False, locked, generation, expired)
-
-
-def _inserted(tables: Tables, entry: NewEntry, owner: str, now: int, expires: Expires) -> Record:
-    """The new entry's row, inserted with a new id."""
-    return tables.insert(
-        str(uuid.uuid4()),
-        owner,
-        entry.tier,
-        entry.content,
-        entry.category,
-        entry.confidence,
-        now,
-        expires_at=expires.applied(None),
-    )
 
 
 def _new_content(

@@ -76,7 +76,9 @@ class NewEntry:
     """An entry to add to a scope's tier.
 
     A retry carrying the `idempotency_key` of an earlier add returns the
-    entry that add stored (the key is remembered for a day)."""
+    entry that add stored (the key is remembered for a day). The row
+    records the scope's user_id and `session_id` (a tool call's; "" for
+    none) as who it was written for (schema 10)."""
 
     scope: Scope
     tier: Tier
@@ -84,6 +86,7 @@ class NewEntry:
     category: str = ""
     confidence: float = 1.0
     idempotency_key: str = ""
+    session_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ def test_schema_1_rows_all_become_agent_notes(tmp_path: Path, make_sidecar: Make
 
     running = make_sidecar()
 
-    assert running.store.schema_version() == SCHEMA_VERSION == 9
+    assert running.store.schema_version() == SCHEMA_VERSION == 10
     seen: dict[str, pb.Memory] = {}
     owner: dict[str, str] = {}
     for agent in ("coder", "writer", ""):

@@ -374,10 +374,12 @@ class CallToolResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., is_error: _Optional[bool] = ..., structured_json: _Optional[str] = ...) -> None: ...
 
 class ForgetUserRequest(_message.Message):
-    __slots__ = ("user_id",)
+    __slots__ = ("user_id", "erase_agent_notes_written_for_user")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASE_AGENT_NOTES_WRITTEN_FOR_USER_FIELD_NUMBER: _ClassVar[int]
     user_id: str
-    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+    erase_agent_notes_written_for_user: bool
+    def __init__(self, user_id: _Optional[str] = ..., erase_agent_notes_written_for_user: _Optional[bool] = ...) -> None: ...
 
 class DeleteScopeRequest(_message.Message):
     __slots__ = ("scope", "tier")
@@ -388,10 +390,16 @@ class DeleteScopeRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class ForgetUserResponse(_message.Message):
-    __slots__ = ("erasure",)
+    __slots__ = ("erasure", "agent_notes_written_for_user", "agent_note_ids_written_for_user", "agent_notes_erased")
     ERASURE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NOTES_WRITTEN_FOR_USER_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NOTE_IDS_WRITTEN_FOR_USER_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NOTES_ERASED_FIELD_NUMBER: _ClassVar[int]
     erasure: Erasure
-    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...
+    agent_notes_written_for_user: int
+    agent_note_ids_written_for_user: _containers.RepeatedScalarFieldContainer[str]
+    agent_notes_erased: bool
+    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ..., agent_notes_written_for_user: _Optional[int] = ..., agent_note_ids_written_for_user: _Optional[_Iterable[str]] = ..., agent_notes_erased: _Optional[bool] = ...) -> None: ...
 
 class DeleteScopeResponse(_message.Message):
     __slots__ = ("erasure",)
