@@ -341,14 +341,17 @@ def test_a_listener_that_finds_no_slot_at_start_up_lets_the_pool_go(
 ) -> None:
     import psycopg
 
+    from sidecar.storage._pgpool import Pool
     from sidecar.storage._postgres import PostgresBackend
 
     dsn, name = database(small)
     real = PostgresBackend._listener_connect
     # The listener's first connect and the one after make_room both find no
-    # slot (another process took the ones the pool gave back): start() fails
-    # with the pool held, and the next attempt's open needs it.
+    # slot (another process took the ones the pool gave back), and the pool
+    # has no connection to hand over: start() fails with the pool held, and
+    # the next attempt's open needs it.
     refusals = [2]
+    monkeypatch.setattr(Pool, "surrender", lambda pool, timeout: None)
 
     def connect(backend: PostgresBackend, heartbeat: float) -> Any:
         if refusals[0]:
