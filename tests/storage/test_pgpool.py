@@ -336,6 +336,64 @@ def test_the_pool_closes_what_stayed_idle_and_holds_for_the_listener(small: pg.C
     pool.close_all()
 
 
+def test_the_pool_hands_the_listener_an_idle_connection_or_the_next_checked_in(
+    small: pg.Cluster,
+) -> None:
+    from sidecar.storage._pgpool import Pool
+
+    dsn, name = database(small)
+    pool = Pool(
+        dsn,
+        max_connections=4,
+        idle_seconds=60,
+        timeout=1,
+        password=PASSWORD,
+        application_name=POOLED,
+    )
+    # None in use, none idle: nothing to wait for.
+    assert pool.surrender(BOUND_SECONDS) is None
+
+    with pool.connection_context():
+        pool.execute_sql("SELECT 1")
+    idle = pool.surrender(BOUND_SECONDS)
+    assert idle is not None
+    assert pool.idle_count() == 0
+    idle.close()
+
+    # In use by a call: the listener gets it when the call checks it in,
+    # and no other call gets a connection meanwhile.
+    checked_out = threading.Event()
+    check_in = threading.Event()
+    handed: list[Any] = []
+
+    def call() -> None:
+        with pool.connection_context():
+            pool.execute_sql("SELECT 1")
+            checked_out.set()
+            check_in.wait(BOUND_SECONDS)
+
+    def claim() -> None:
+        handed.append(pool.surrender(BOUND_SECONDS))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert checked_out.wait(BOUND_SECONDS)
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    eventually(pool.would_wait, "the pool is held for the listener")
+    check_in.set()
+    caller.join(BOUND_SECONDS)
+    claimer.join(BOUND_SECONDS)
+    assert handed[0] is not None
+    assert not handed[0].closed
+    assert handed[0].execute("SELECT 1").fetchone() == (1,)
+    assert pool.idle_count() == 0
+    assert not pool.would_wait()
+    handed[0].close()
+    eventually(lambda: backends(small, name, POOLED) == 0, "the handed connection closed")
+    pool.close_all()
+
+
 def test_a_listener_that_finds_no_slot_at_start_up_lets_the_pool_go(
     small: pg.Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
