@@ -2,7 +2,8 @@
 every replica's commits (and session events and fences) as they happen.
 
 Owns: the listener's connection, its LISTENs and heartbeat, the re-read of
-every state row after each (re)connect, and making room in the pool for it.
+every state row after each (re)connect, and taking a slot from the pool
+when the server has none free.
 Must not touch: SQLite, caches, the engine, gRPC; writing anything (the
 notifications are sent by sidecar.storage._postgres).
 """
@@ -26,6 +27,8 @@ CHANNEL = "memory_sidecar_changes"
 EVENTS_CHANNEL = "memory_sidecar_events"
 # The longest the listener waits for notifications at a time.
 _SLICE = 0.1
+# The longest it waits for one of the pool's connections to come back.
+_CLAIM_SECONDS = 5.0
 
 
 def _cause_out_of_slots(exc: BaseException) -> bool:
@@ -56,6 +59,7 @@ class NotifyListener(ChangeFeed):
         clock: Callable[[], float] = time.monotonic,
         on_session: OnSession | None = None,
         on_resync: Callable[[], None] | None = None,
+        adopt: Callable[[Any], None] = lambda connection: None,
     ) -> None:
         super().__init__(
             on_change,
@@ -68,6 +72,8 @@ class NotifyListener(ChangeFeed):
         )
         self._connect = connect
         self._pool = pool
+        # Makes a connection taken over from the pool the listener's.
+        self._adopt = adopt
         self._connection: Any = None
         self._beat = 0.0
 
@@ -83,20 +89,7 @@ class NotifyListener(ChangeFeed):
             # DATABASE_BUSY, keeping it as the cause.
             if self._pool is None or not (out_of_slots(exc) or _cause_out_of_slots(exc)):
                 raise
-            # Without the listener every call checks the database, so it
-            # comes before the pool's spare connections: give them back,
-            # grow no more, and try again at once (the feed backs off if
-            # another process took the slots first).
-            self._pool.make_room()
-            try:
-                connection = self._connect()
-            except Exception:
-                if self._thread is None or not self._thread.is_alive():
-                    # start() failing: no thread will connect and release
-                    # the hold, and a held pool would fail every later
-                    # start-up attempt (DATABASE_BUSY) for good.
-                    self._pool.release()
-                raise
+            connection = self._take_over(self._pool)
         if self._pool is not None:
             self._pool.release()
         self._connection = connection
@@ -119,6 +112,34 @@ class NotifyListener(ChangeFeed):
         self._proved(issued)
         self._beat = self._clock()
         return True
+
+    def _take_over(self, pool: Pool) -> Any:
+        """No free slot. Without the listener every call checks the database,
+        so it comes before the pool's calls: it takes one of the pool's
+        connections, and the slot with it (one given back to the server
+        goes to whoever asks first, under load another replica's pool)."""
+        taken = pool.surrender(min(self.interval, _CLAIM_SECONDS))
+        if taken is not None:
+            try:
+                self._adopt(taken)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    taken.close()
+                raise
+            return taken
+        # The pool has none: it gives back what comes idle and grows no
+        # more; try again at once (the feed backs off if another process
+        # took the slot first).
+        pool.make_room()
+        try:
+            return self._connect()
+        except Exception:
+            if self._thread is None or not self._thread.is_alive():
+                # start() failing: no thread will connect and release the
+                # hold, and a held pool would fail every later start-up
+                # attempt (DATABASE_BUSY) for good.
+                pool.release()
+            raise
 
     def _cycle(self) -> bool:
         # Short waits, so that a stop never waits a whole heartbeat.

@@ -11,12 +11,16 @@ caches against the database on every call. So this pool
 - closes connections idle longer than `idle_seconds` (the listener's
   heartbeat calls `reap`, so a replica with no calls at all shrinks too);
 - opens at most `max_connections` (the daemon's `db_pool_size`);
-- gives way to the listener: when the listener finds no free slot it calls
-  `make_room`, which closes every idle connection and holds the pool at
-  what it has in use until the listener is back (`release`).
+- gives way to the listener: when the listener finds no free slot it takes
+  one of the pool's connections (`surrender`: the first idle one, or the
+  next one a call checks in), its slot with it. A slot given back to the
+  server goes to whichever client asks first: under load another replica's
+  pool, and the listener never got back in. Only when this pool has no
+  connection at all does the listener fall back to `make_room`: hold the
+  pool (no new connection) until the listener is back (`release`).
 
-Owns: the pool's size cap, idle timeout and hold, and the test for "no
-free slot" (SQLSTATE 53300). Must not touch: SQL beyond connecting, the
+Owns: the pool's size cap, idle timeout, hold and hand-over, and the test
+for "no free slot" (SQLSTATE 53300). Must not touch: SQL beyond connecting, the
 listener itself or the error leaves (sidecar.storage._postgres), SQLite, gRPC.
 """
 
@@ -85,12 +89,15 @@ class Pool(PooledPsycopg3Database):  # type: ignore[misc]
         # When each idle connection was checked in, by the pool's key.
         self._idle_since: dict[int, float] = {}
         self.held = False
+        # Listeners waiting for a connection to take over (see surrender).
+        self._claims = 0
         super().__init__(dsn, max_connections=max_connections, timeout=timeout, **connect_params)
 
     def _connect(self) -> Any:
         with self._pool_lock:
-            if self.held and not self._connections:
-                # Peewee's connect() waits for a check-in, up to its timeout.
+            if self._claims or (self.held and not self._connections):
+                # Peewee's connect() waits for a check-in, up to its timeout:
+                # while the listener claims one, the next goes to it.
                 raise MaxConnectionsExceeded("held for the change feed's listener")
             conn = super()._connect()
             self._idle_since.pop(self.conn_key(conn), None)
@@ -104,13 +111,18 @@ class Pool(PooledPsycopg3Database):  # type: ignore[misc]
                 self._idle_since[key] = self._clock()
             else:
                 self._idle_since.pop(key, None)
+            if self._claims:
+                # Peewee wakes one waiter; it must be the listener's.
+                self._pool_available.notify_all()
 
     def would_wait(self) -> bool:
         """Whether this thread's next connection would wait for one in use
         because the pool is held (none idle, none open here): for what is
         not worth that wait (a session event, a fence)."""
         with self._pool_lock:
-            return bool(self.is_closed() and self.held and not self._connections)
+            return bool(
+                self.is_closed() and (self._claims or (self.held and not self._connections))
+            )
 
     def idle_count(self) -> int:
         with self._pool_lock:
@@ -135,6 +147,29 @@ class Pool(PooledPsycopg3Database):  # type: ignore[misc]
                 self._idle_since.pop(self.conn_key(conn), None)
                 self._close_raw(conn)
             return len(drop)
+
+    def surrender(self, timeout: float) -> Any | None:
+        """The listener found no free slot: hand it a connection of this
+        pool, the first idle one or the next one checked in (no call gets
+        one meanwhile), within timeout; None when the pool has none at all
+        or none came back in time. The connection leaves the pool for good."""
+        deadline = time.monotonic() + timeout
+        with self._pool_lock:
+            self._claims += 1
+            try:
+                while True:
+                    while self._connections:
+                        _, _, conn = heapq.heappop(self._connections)
+                        self._idle_since.pop(self.conn_key(conn), None)
+                        if not self._is_closed(conn):
+                            return conn
+                    remaining = deadline - time.monotonic()
+                    if not self._in_use or remaining <= 0:
+                        return None
+                    self._pool_available.wait(min(remaining, 1.0))
+            finally:
+                self._claims -= 1
+                self._pool_available.notify_all()
 
     def make_room(self) -> int:
         """The listener found no free slot: give back every idle connection

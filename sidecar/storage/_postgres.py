@@ -516,6 +516,10 @@ class PostgresBackend(Backend):
         on_resync: Callable[[], None] | None = None,
     ) -> ChangeFeed:
         heartbeat = settings.heartbeat_seconds
+        # The listener may take over a pooled connection (when the server
+        # has no free slot): from now on they all notice a vanished server
+        # as its own do.
+        self.db.connect_params.update(_keepalives(heartbeat))
         return NotifyListener(
             lambda: self._listener_connection(heartbeat),
             on_change,
@@ -524,6 +528,7 @@ class PostgresBackend(Backend):
             pool=self.db,
             on_session=on_session,
             on_resync=on_resync,
+            adopt=_adopt,
         )
 
     def _notify(self, payload: str) -> None:
@@ -549,11 +554,24 @@ class PostgresBackend(Backend):
         return psycopg.connect(
             self._dsn,
             autocommit=True,
-            # A server that vanished without closing the socket (a partition,
-            # a dead node) is noticed by TCP within a few heartbeats.
-            keepalives=1,
-            keepalives_idle=max(1, round(heartbeat)),
-            keepalives_interval=1,
-            keepalives_count=3,
+            **_keepalives(heartbeat),
             **self._connect_params(LISTENER_NAME),
         )
+
+
+def _keepalives(heartbeat: float) -> dict[str, Any]:
+    # A server that vanished without closing the socket (a partition, a dead
+    # node) is noticed by TCP within a few heartbeats.
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(heartbeat)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
+
+
+def _adopt(connection: Any) -> None:
+    """A pooled connection made the listener's: autocommit (as Peewee keeps
+    it), and named as the listener's in pg_stat_activity."""
+    connection.autocommit = True
+    connection.execute("SELECT set_config('application_name', %s, false)", (LISTENER_NAME,))

@@ -10,6 +10,7 @@ pg_stat_activity. The waits are liveness bounds, never timing claims.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -190,6 +191,8 @@ def test_listeners_come_back_and_idle_slots_are_given_back_under_contention(
         stop.set()
         for thread in threads:
             thread.join(30)
+        for held in hogs:
+            held.close()
     try:
         eventually(
             lambda: backends(small, name, LISTENER) == 3,
@@ -333,19 +336,80 @@ def test_the_pool_closes_what_stayed_idle_and_holds_for_the_listener(small: pg.C
     pool.close_all()
 
 
+def test_the_pool_hands_the_listener_an_idle_connection_or_the_next_checked_in(
+    small: pg.Cluster,
+) -> None:
+    from sidecar.storage._pgpool import Pool
+
+    dsn, name = database(small)
+    pool = Pool(
+        dsn,
+        max_connections=4,
+        idle_seconds=60,
+        timeout=1,
+        password=PASSWORD,
+        application_name=POOLED,
+    )
+    # None in use, none idle: nothing to wait for.
+    assert pool.surrender(BOUND_SECONDS) is None
+
+    with pool.connection_context():
+        pool.execute_sql("SELECT 1")
+    idle = pool.surrender(BOUND_SECONDS)
+    assert idle is not None
+    assert pool.idle_count() == 0
+    idle.close()
+
+    # In use by a call: the listener gets it when the call checks it in,
+    # and no other call gets a connection meanwhile.
+    checked_out = threading.Event()
+    check_in = threading.Event()
+    handed: list[Any] = []
+
+    def call() -> None:
+        with pool.connection_context():
+            pool.execute_sql("SELECT 1")
+            checked_out.set()
+            check_in.wait(BOUND_SECONDS)
+
+    def claim() -> None:
+        handed.append(pool.surrender(BOUND_SECONDS))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert checked_out.wait(BOUND_SECONDS)
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    eventually(pool.would_wait, "the pool is held for the listener")
+    check_in.set()
+    caller.join(BOUND_SECONDS)
+    claimer.join(BOUND_SECONDS)
+    assert handed[0] is not None
+    assert not handed[0].closed
+    assert handed[0].execute("SELECT 1").fetchone() == (1,)
+    assert pool.idle_count() == 0
+    assert not pool.would_wait()
+    handed[0].close()
+    eventually(lambda: backends(small, name, POOLED) == 0, "the handed connection closed")
+    pool.close_all()
+
+
 def test_a_listener_that_finds_no_slot_at_start_up_lets_the_pool_go(
     small: pg.Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import psycopg
 
+    from sidecar.storage._pgpool import Pool
     from sidecar.storage._postgres import PostgresBackend
 
     dsn, name = database(small)
     real = PostgresBackend._listener_connect
     # The listener's first connect and the one after make_room both find no
-    # slot (another process took the ones the pool gave back): start() fails
-    # with the pool held, and the next attempt's open needs it.
+    # slot (another process took the ones the pool gave back), and the pool
+    # has no connection to hand over: start() fails with the pool held, and
+    # the next attempt's open needs it.
     refusals = [2]
+    monkeypatch.setattr(Pool, "surrender", lambda pool, timeout: None)
 
     def connect(backend: PostgresBackend, heartbeat: float) -> Any:
         if refusals[0]:
@@ -398,3 +462,87 @@ def test_session_events_are_not_broadcast_at_once_while_the_pool_is_held(
         assert compaction.broadcast
     finally:
         stop_sidecar(running)
+
+
+def test_listeners_get_back_in_while_sixty_writers_keep_every_slot_taken(
+    small: pg.Cluster, replicas: tuple[list[Running], str, str]
+) -> None:
+    # Issue 34: at the default pool size, 60 writers keep every slot busy;
+    # a listener that drops meanwhile must get back in before they stop.
+    started, name, dsn = replicas
+    stop = threading.Event()
+    done = [0]
+    lock = threading.Lock()
+    hogs: list[Any] = []
+
+    def hog() -> None:
+        # Another client (another replica's pool, say) takes every slot
+        # the moment it comes free, for as long as the writers write.
+        while not stop.is_set():
+            hogs.extend(grab(dsn))
+            stop.wait(0.01)
+
+    def writer(running: Running, n: int) -> None:
+        scope = pb.Scope(agent_id=f"agent-{n // 3}", user_id="ada")
+        i = 0
+        while not stop.is_set():
+            i += 1
+            with contextlib.suppress(grpc.RpcError):
+                running.add(f"fact {n}-{i}", scope=scope, timeout=15)
+                with lock:
+                    done[0] += 1
+
+    def writes() -> int:
+        with lock:
+            return done[0]
+
+    def terminate_listeners() -> None:
+        superuser(
+            small,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{name}' AND application_name = '{LISTENER}'",
+        )
+
+    def shown(running: Running, text: str) -> bool:
+        try:
+            return serves(running, text)
+        except grpc.RpcError:  # DATABASE_BUSY: the writers hold every slot
+            return False
+
+    def added(running: Running, text: str) -> bool:
+        try:
+            running.add(text, scope=SCOPE, timeout=15)
+        except grpc.RpcError:
+            return False
+        return True
+
+    a, b = started[0], started[1]
+    threads = [
+        threading.Thread(target=writer, args=(running, n), daemon=True)
+        for n, running in enumerate(started * 20)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        eventually(lambda: taken(small) >= SLOTS, "the writers take every slot")
+        threads.append(threading.Thread(target=hog, daemon=True))
+        threads[-1].start()
+        for attempt in range(2):
+            terminate_listeners()
+            eventually(
+                lambda: backends(small, name, LISTENER) == 3,
+                f"every listener is back while the slots stay taken (round {attempt + 1})",
+            )
+            assert not stop.is_set()
+        before = writes()
+        eventually(lambda: added(a, "The repo uses uv"), "A takes a write")
+        eventually(lambda: shown(b, "uses uv"), "B's frozen block shows A's write")
+        # Still saturated: the writers kept writing meanwhile.
+        eventually(lambda: writes() > before, "the writers keep writing")
+        assert taken(small) >= SLOTS
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        for held in hogs:
+            held.close()
