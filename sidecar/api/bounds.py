@@ -183,7 +183,8 @@ class _Handler(WSGIRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.connection.settimeout(self.server.request_timeout)
+        # Reads are bounded by the timer as a whole, not per recv (a byte
+        # at a time would renew a per-recv timeout for ever).
         self._timer = threading.Timer(self.server.request_timeout, self._late)
         self._timer.daemon = True
         self._timer.start()
@@ -196,6 +197,8 @@ class _Handler(WSGIRequestHandler):
     def parse_request(self) -> bool:
         parsed = super().parse_request()
         self._timer.cancel()  # a scrape is a GET: no body to wait for
+        # The answer's writes, each within the timeout, to a client that reads.
+        self.connection.settimeout(self.server.request_timeout)
         return parsed
 
     def finish(self) -> None:
