@@ -189,13 +189,16 @@ class _Handler(WSGIRequestHandler):
         self._timer.daemon = True
         self._timer.start()
 
+    _expired = False
+
     def _late(self) -> None:
+        self._expired = True
         self.server.refused("slow")
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)  # ends the blocked read
 
     def parse_request(self) -> bool:
-        parsed = super().parse_request()
+        parsed = super().parse_request() and not self._expired
         self._timer.cancel()  # a scrape is a GET: no body to wait for
         # The answer's writes, each within the timeout, to a client that reads.
         self.connection.settimeout(self.server.request_timeout)
