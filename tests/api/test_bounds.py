@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from sidecar.api.bounds import ACCEPT_BURST, connection_caps
+from sidecar.api.bounds import ACCEPT_BURST, HEALTH_CONNECTIONS, connection_caps
 from sidecar.config.settings import ServerSettings
 from tests.conftest import MakeSidecar, Running, eventually, spawn_daemon
 
@@ -209,3 +209,41 @@ def test_a_listener_at_its_cap_closes_new_connections_and_counts_them(
                     sock.close()
     # Once the held ones close, a request is answered again.
     eventually(lambda: initialized(str(running.addresses.mcp)), "MCP answering again")
+
+
+def drained(sock: socket.socket) -> int:
+    """Bytes the server sent before it closed `sock` (waits for the close)."""
+    received = 0
+    try:
+        while data := sock.recv(4096):
+            received += len(data)
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_the_health_listener_takes_grpc_cores_bounds(make_sidecar: MakeSidecar) -> None:
+    running = make_sidecar(health_listen="127.0.0.1:0")
+    assert running.addresses.health is not None
+    host, _, port = running.addresses.health.rpartition(":")
+    preface = b"PRI * HTTP/2.0\r\n"  # an HTTP/2 preface, unfinished
+    held = [half_open((host, int(port)), preface) for _ in range(HEALTH_CONNECTIONS)]
+    try:
+        extra = half_open((host, int(port)), preface)
+        if extra is not None:
+            with extra:
+                assert drained(extra) == 0  # closed as accepted, unanswered
+    finally:
+        for sock in held:
+            if sock is not None:
+                sock.close()
+    # A handshake that does not finish in time is closed.
+    quick = make_sidecar(
+        name="quick.db", health_listen="127.0.0.1:0", http_request_timeout_seconds=0.2
+    )
+    assert quick.addresses.health is not None
+    host, _, port = quick.addresses.health.rpartition(":")
+    sock = half_open((host, int(port)), preface)
+    assert sock is not None
+    with sock:
+        drained(sock)  # returns once the server closed it
