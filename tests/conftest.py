@@ -353,13 +353,17 @@ class Daemon:
         self.wait()
 
 
-def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
-    """Run `python -m sidecar serve ARGS` and wait until it reports serving."""
+def spawn_daemon(
+    *args: str, timeout: float = 20, preexec_fn: Callable[[], Any] | None = None
+) -> Daemon:
+    """Run `python -m sidecar serve ARGS` and wait until it reports serving
+    (`preexec_fn` runs in the child first, as a resource limit is set)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     assert process.stderr is not None
     deadline = time.monotonic() + timeout

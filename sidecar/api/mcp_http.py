@@ -62,10 +62,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from sidecar.api import mcp_server
 from sidecar.api.access import ANY, Grant, authorize, bearer_token, granted
 from sidecar.api.auth_log import AuthLog
+from sidecar.api.bounds import ACCEPT_BURST, bounded_protocol, connection_caps, refusals
 from sidecar.config.settings import Config, is_loopback
 from sidecar.core.errors import (
     InvalidArgument,
@@ -315,6 +317,7 @@ class McpListener:
         # Why requests are refused (the daemon waits for its database), or None.
         self._refused = refusal
         self._calls = metrics.mcp_tool_calls
+        self._http_refused = refusals(metrics, "mcp")
         self._end_session = end_session
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -409,8 +412,17 @@ class McpListener:
             log_level="debug" if server.log_level == "debug" else "warning",
             access_log=False,
             # httptools when installed (the mcp extra asks for it), else h11:
-            # parsing in C is a good share of an MCP call (make bench, 17).
-            http="auto",
+            # parsing in C is a good share of an MCP call (make bench, 17),
+            # closing connections beyond its cap, and requests that do not
+            # arrive in time (sidecar.api.bounds).
+            http=bounded_protocol(
+                AutoHTTPProtocol,
+                connection_caps(server).mcp,
+                server.http_request_timeout_seconds,
+                self._http_refused,
+            ),
+            # Accepted at once before the cap can close them: a few.
+            backlog=ACCEPT_BURST,
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(server.grace_seconds)),
             **tls,

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.api.access import TokensFile
 from sidecar.api.auth_log import AuthLog, TokenIgnored
+from sidecar.api.bounds import health_options, serve_metrics
 from sidecar.api.interceptors import (
     AuthInterceptor,
     ErrorInterceptor,
@@ -419,7 +419,7 @@ class Sidecar:
                 # loopback, and it serves health and nothing else.
                 self._health_server = grpc.server(
                     futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
-                    options=_SERVER_OPTIONS,
+                    options=[*_SERVER_OPTIONS, *health_options(server)],
                 )
                 health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
                 port = _bind(self._health_server, server.health_listen, "health checks")
@@ -428,8 +428,8 @@ class Sidecar:
             if server.metrics_listen:
                 host, _, port_text = server.metrics_listen.rpartition(":")
                 try:
-                    self._metrics_server, _thread = start_http_server(
-                        int(port_text), addr=host.strip("[]"), registry=self.metrics.registry
+                    self._metrics_server = serve_metrics(
+                        host.strip("[]"), int(port_text), self.metrics, server
                     )
                 except OSError as exc:
                     raise BindError(

@@ -55,6 +55,8 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "health_listen": _address,
     "metrics_listen": _address,
     "mcp_listen": _http_address,
+    "http_request_timeout_seconds": _between(0.1, 3600),
+    "http_max_connections": _at_least(0),
     "grace_seconds": _at_least(0),
     "startup_timeout_seconds": _between(0, 86_400),
     "durability": _one_of("normal", "full"),

@@ -29,10 +29,8 @@ function, only when semantic_encoder is local.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import ipaddress
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from sidecar.config.extras import installed as _installed
+from sidecar.config.extras import mcp_extra_hint
 from sidecar.config.rules import CHECKS
 from sidecar.core.errors import ConfigError
 from sidecar.core.limits import Limits
@@ -218,6 +218,11 @@ class ServerSettings:
     max_request_bytes: int = 4 * 1024 * 1024
     # The largest response sent: gRPC clients refuse bigger ones by default.
     max_response_bytes: int = 4 * 1024 * 1024
+    # The HTTP listeners (MCP, metrics): how long a request's headers and body
+    # may take to arrive, and connections open at once on each (0: from the
+    # descriptor limit, less a reserve: sidecar.api.bounds).
+    http_request_timeout_seconds: float = 10.0
+    http_max_connections: int = 0
     # Access to the API listener: one token for every scope, and/or a file
     # of tokens each limited to some agents and users (sidecar.api.access).
     auth_token_file: str = ""
@@ -414,22 +419,6 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
     if server.mcp_listen and not _installed("mcp.server"):
         raise ConfigError("server.mcp_listen", f"the MCP server needs {mcp_extra_hint()}")
     return server
-
-
-def mcp_extra_hint() -> str:
-    """How to install the mcp extra into this interpreter. The package is on
-    no index: from the checkout, as `make run` does."""
-    return (
-        "the mcp extra, which `make run` installs; into this interpreter, from the "
-        f"checkout: {sys.executable} -m pip install -e '.[mcp]'"
-    )
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package is missing
-        return False
 
 
 # The tracing extra's exporter speaks OTLP over gRPC only.

@@ -234,6 +234,17 @@ class Metrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.http_refused = Counter(
+            "memory_http_connections_refused",
+            "Connections an HTTP listener (mcp, metrics) closed: full (at its "
+            "http_max_connections cap, closed as accepted) or slow (a request that did not "
+            "arrive within http_request_timeout_seconds).",
+            ["listener", "reason"],
+            registry=r,
+        )
+        for listener in ("mcp", "metrics"):
+            for reason in ("full", "slow"):
+                self.http_refused.labels(listener, reason)
         for block in ("system", "turn"):
             self.injected_tokens.labels(block)
         for tier in ("memory", "user"):

@@ -474,7 +474,7 @@ def _mcp(args: argparse.Namespace, cfg: Config) -> int:
     try:
         from sidecar.ops import mcp_stdio
     except ImportError as exc:
-        from sidecar.config.settings import mcp_extra_hint
+        from sidecar.config.extras import mcp_extra_hint
 
         print(f"memory-sidecar: the mcp command needs {mcp_extra_hint()} ({exc})", file=sys.stderr)
         return EXIT_ERROR

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.config.settings import Config, ServerSettings
+from sidecar.config.settings import Config, ServerSettings, is_loopback
 from sidecar.core.clock import Clock, system_clock
 from sidecar.core.errors import StoreError
 from sidecar.ops.startup import wait_for_database
@@ -145,6 +145,8 @@ def _serve(config: Config, stop: threading.Event) -> int:
     from sidecar.api.server import Sidecar
     from sidecar.core.metrics import Metrics
 
+    _bound_descriptors(config.server)
+    _warn_insecure(config.server)
     metrics = Metrics()
     store = open_store(config, metrics)
     # Built before the first attempt, since connect() is part of every
@@ -171,6 +173,40 @@ def _serve(config: Config, stop: threading.Event) -> int:
     stop.wait()
     _shut_down(config, sidecar, store)
     return 0
+
+
+def _bound_descriptors(server: ServerSettings) -> None:
+    """Raise the descriptor limit to the hard one, and say in one line what
+    it is and what the HTTP listeners may hold under it."""
+    from sidecar.api.bounds import connection_caps, raise_descriptor_limit
+
+    before, after, hard = raise_descriptor_limit()
+    how = f"raised from {before}" if after > before else f"not raised; hard limit {hard}"
+    caps = connection_caps(server, after)
+    log.info(
+        "descriptor limit %d (%s); HTTP connections at most mcp=%d metrics=%d",
+        after,
+        how,
+        caps.mcp,
+        caps.metrics,
+    )
+
+
+def _warn_insecure(server: ServerSettings) -> None:
+    """One warning per listener that insecure leaves open to other hosts."""
+    if not server.insecure or server.auth_token_file or server.auth_tokens_file:
+        return  # with a token required, insecure changes nothing
+    if not is_loopback(server.listen):
+        log.warning(
+            "insecure: the API on %s is reachable from other hosts and requires no token",
+            server.listen,
+        )
+    if server.mcp_listen and not is_loopback(server.mcp_listen):
+        log.warning(
+            "insecure: MCP on %s is reachable from other hosts, requires no token and "
+            "checks no Host or Origin header (no DNS-rebinding protection)",
+            server.mcp_listen,
+        )
 
 
 def _listen(sidecar: Sidecar) -> Addresses:

@@ -299,3 +299,40 @@ def test_the_mcp_url_is_logged_on_a_line_of_its_own(tmp_path: Path) -> None:
         f"MCP (streamable HTTP) at {daemon.mcp}; `memory-sidecar mcp-config --host HOST` "
         "prints an entry for Claude Code, Claude Desktop or Cursor"
     )
+
+
+def test_insecure_off_loopback_warns_of_what_is_off_for_each_listener(tmp_path: Path) -> None:
+    pytest.importorskip("mcp.server")
+    daemon = spawn_daemon(
+        "--db",
+        str(tmp_path / "memory.db"),
+        "--listen",
+        "0.0.0.0:0",
+        "--mcp-listen",
+        "0.0.0.0:0",
+        "--insecure",
+        timeout=120,
+    )
+    daemon.close()
+    warned = [line for line in daemon.log if " WARNING sidecar: insecure: " in line]
+    assert [line.split(" WARNING sidecar: ")[1] for line in warned] == [
+        "insecure: the API on 0.0.0.0:0 is reachable from other hosts and requires no token",
+        "insecure: MCP on 0.0.0.0:0 is reachable from other hosts, requires no token and "
+        "checks no Host or Origin header (no DNS-rebinding protection)",
+    ]
+    # On loopback insecure changes nothing, and nothing is said.
+    daemon = spawn_daemon(
+        "--db",
+        str(tmp_path / "memory.db"),
+        "--listen",
+        "127.0.0.1:0",
+        "--mcp-listen",
+        "127.0.0.1:0",
+        "--insecure",
+        timeout=120,
+    )
+    daemon.close()
+    assert not [line for line in daemon.log if " WARNING sidecar: insecure" in line]
+    # The descriptor limit and the HTTP listeners' caps, in one line.
+    (limit,) = [line for line in daemon.log if "INFO sidecar: descriptor limit " in line]
+    assert "HTTP connections at most mcp=" in limit
