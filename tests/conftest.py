@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgresql")
 T = TypeVar("T")
 
+# How long a test waits for what must happen: liveness bounds, never timing
+# claims. A test waits for the event itself (health SERVING, a log line, a
+# condition, an exit), so a bound only runs out when something is broken;
+# they are generous because a loaded machine (a shared CI runner, a 2-core
+# laptop at load 20) takes seconds over what takes milliseconds when idle.
+# TEST_TIMEOUT_SCALE multiplies them all, for slower machines still.
+TIMEOUT_SCALE = float(os.environ.get("TEST_TIMEOUT_SCALE") or 1)
+# A process to start, to finish or to exit (a daemon, the CLI, a tool).
+START_SECONDS = 120.0 * TIMEOUT_SCALE
+# A thread to end, an event, a queue, a feed's news, a condition to hold.
+WAIT_SECONDS = 60.0 * TIMEOUT_SCALE
+# An RPC's deadline where the deadline is not what the test is about.
+CALL_SECONDS = 60.0 * TIMEOUT_SCALE
+
 
 @dataclass
 class Running:
@@ -54,12 +69,14 @@ class Running:
     # The --db the daemon was given: db_path, or a PostgreSQL DSN.
     db: str = ""
 
-    def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
+    def add(
+        self, content: str, timeout: float = CALL_SECONDS, **fields: Any
+    ) -> pb.AddMemoryResponse:
         request = pb.AddMemoryRequest(content=content, **fields)
         response: pb.AddMemoryResponse = self.stub.AddMemory(request, timeout=timeout)
         return response
 
-    def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
+    def list(self, timeout: float = CALL_SECONDS, **fields: Any) -> pb.GetMemoriesResponse:
         response: pb.GetMemoriesResponse = self.stub.GetMemories(
             pb.GetMemoriesRequest(**fields), timeout=timeout
         )
@@ -67,7 +84,7 @@ class Running:
 
     def turn(self, session_id: str, message: str = "", **fields: Any) -> pb.InjectForTurnResponse:
         request = pb.InjectForTurnRequest(session_id=session_id, user_message=message, **fields)
-        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=10)
+        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=CALL_SECONDS)
         return response
 
     def db_queries(self) -> float:
@@ -288,7 +305,7 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
     # As the daemon's stop() does: a store closed under a compact index being
     # saved on a background thread crashes the process.
     for engine in engines:
-        assert engine.stop_indexing(30)
+        assert engine.stop_indexing(WAIT_SECONDS)
     for store in stores:
         store.close()
 
@@ -327,23 +344,60 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 _SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)(?: mcp=(\S+))?")
 
 
-@dataclass
 class Daemon:
-    process: subprocess.Popen[str]
-    api: str
-    health: str
-    metrics: str
-    log: list[str]
-    # The MCP listener's URL, or "-" when it is off.
-    mcp: str = "-"
+    """`python -m sidecar serve ARGS` as a process, its log read as it comes
+    on a thread: a wait for a line is bounded even while the daemon is
+    silent, and a long run never fills the pipe. The addresses are set by
+    spawn_daemon, once it reports serving."""
 
-    def wait(self, timeout: float = 20) -> int:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.log: list[str] = []
+        self.api = self.health = self.metrics = ""
+        # The MCP listener's URL, or "-" when it is off.
+        self.mcp = "-"
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line.rstrip("\n"))
+
+    def until(self, pattern: str, *, within: float = START_SECONDS) -> re.Match[str]:
+        """The first log line matching `pattern`, waiting for it; fails at
+        once if the daemon exits first."""
+
+        def logged() -> re.Match[str] | None:
+            exited = self.process.poll() is not None
+            if exited:
+                self._reader.join(WAIT_SECONDS)  # the last lines
+            for line in list(self.log):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            assert not exited, "exited:\n" + "\n".join(self.log)
+            return None
+
+        return eventually(
+            logged,
+            lambda: f"logged {pattern!r}:\n" + "\n".join(self.log),
+            within=within,
+            pause=0.02,
+        )
+
+    def wait(self, timeout: float = START_SECONDS) -> int:
         """Wait for the exit; collect the rest of the log."""
         code = self.process.wait(timeout)
+        self._reader.join(WAIT_SECONDS)
         assert self.process.stderr is not None
-        if not self.process.stderr.closed:
-            self.log.extend(self.process.stderr.read().splitlines())
-            self.process.stderr.close()
+        self.process.stderr.close()
         return code
 
     def close(self) -> None:
@@ -353,28 +407,17 @@ class Daemon:
         self.wait()
 
 
-def spawn_daemon(*args: str, timeout: float = 20) -> Daemon:
+def spawn_daemon(*args: str, timeout: float = START_SECONDS) -> Daemon:
     """Run `python -m sidecar serve ARGS` and wait until it reports serving."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None
-    deadline = time.monotonic() + timeout
-    log: list[str] = []
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        log.append(line.rstrip("\n"))
-        match = _SERVING.search(line)
-        if match:
-            return Daemon(process, match[1], match[2], match[3], log, match[4] or "-")
-    daemon = Daemon(process, "", "", "", log)
-    daemon.close()
-    raise AssertionError("daemon did not report serving:\n" + "\n".join(log))
+    daemon = Daemon(*args)
+    try:
+        match = daemon.until(_SERVING.pattern, within=timeout)
+    except BaseException:
+        daemon.close()
+        raise
+    daemon.api, daemon.health, daemon.metrics = match[1], match[2], match[3]
+    daemon.mcp = match[4] or "-"
+    return daemon
 
 
 MakeSidecar = Callable[..., Running]
@@ -393,7 +436,7 @@ def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         [sys.executable, "-m", "sidecar", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
         env=env,
     )
@@ -405,7 +448,7 @@ def contents(running: Running, scope: pb.Scope, *, token: str = "", **fields: An
     requires)."""
     metadata = [("authorization", f"Bearer {token}")] if token else None
     request = pb.GetMemoriesRequest(scope=scope, **fields)
-    listed = running.stub.GetMemories(request, metadata=metadata, timeout=10)
+    listed = running.stub.GetMemories(request, metadata=metadata, timeout=CALL_SECONDS)
     return [m.content for m in listed.memories]
 
 
@@ -413,7 +456,7 @@ def eventually(
     check: Callable[[], T | None],
     what: str | Callable[[], str],
     *,
-    within: float = 10.0,
+    within: float = WAIT_SECONDS,
     pause: float = 0.01,
 ) -> T:
     """Wait for `check` (another daemon's news, a server's state) to hold:

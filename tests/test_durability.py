@@ -12,7 +12,12 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import Daemon, eventually, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    Daemon,
+    eventually,
+    spawn_daemon,
+)
 
 WRITERS = 6
 
@@ -38,7 +43,7 @@ def hammer(
     def delete(stub: pb_grpc.MemoryServiceStub, scope: pb.Scope, victim: str) -> None:
         with ledger.lock:
             ledger.deleting.add(victim)
-        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, id=victim), timeout=5)
+        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, id=victim), timeout=CALL_SECONDS)
         with ledger.lock:
             ledger.gone.add(victim)
             ledger.acknowledged.pop(victim, None)
@@ -62,7 +67,7 @@ def hammer(
                             ledger.attempted[target].add(updated)
                         stub.UpdateMemory(
                             pb.UpdateMemoryRequest(scope=scope, id=target, content=updated),
-                            timeout=5,
+                            timeout=CALL_SECONDS,
                         )
                         with ledger.lock:
                             ledger.acknowledged[target] = updated
@@ -70,7 +75,8 @@ def hammer(
                         with ledger.lock:
                             ledger.adds.add(content)
                         added = stub.AddMemory(
-                            pb.AddMemoryRequest(scope=scope, tier=tier, content=content), timeout=5
+                            pb.AddMemoryRequest(scope=scope, tier=tier, content=content),
+                            timeout=CALL_SECONDS,
                         )
                         with ledger.lock:
                             ledger.acknowledged[added.memory.id] = content
@@ -109,7 +115,7 @@ def everything(address: str) -> dict[str, pb.Memory]:
                     pb.GetMemoriesRequest(
                         scope=pb.Scope(agent_id=f"agent-{agent}", user_id=f"user-{user}")
                     ),
-                    timeout=10,
+                    timeout=CALL_SECONDS,
                 )
                 for usage in listed.usage:
                     assert usage.used_chars <= usage.limit_chars

@@ -19,7 +19,11 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.store import Store
-from tests.conftest import eventually, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    eventually,
+    spawn_daemon,
+)
 from tests.test_erasure import SECRET
 
 pytestmark = pytest.mark.contract
@@ -174,8 +178,17 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
             retried = stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60).erasure
             assert retried.memories == left
             scope = pb.Scope(agent_id="coder", user_id="ada")
-            assert not stub.GetMemories(pb.GetMemoriesRequest(scope=scope), timeout=10).memories
+            assert not stub.GetMemories(
+                pb.GetMemoriesRequest(scope=scope), timeout=CALL_SECONDS
+            ).memories
             bob = pb.Scope(agent_id="coder", user_id="bob")
-            assert len(stub.GetMemories(pb.GetMemoriesRequest(scope=bob), timeout=10).memories) == 1
+            assert (
+                len(
+                    stub.GetMemories(
+                        pb.GetMemoriesRequest(scope=bob), timeout=CALL_SECONDS
+                    ).memories
+                )
+                == 1
+            )
     finally:
         daemon.close()

@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, eventually, require_tool
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    eventually,
+    require_tool,
+)
 
 HIT_RATIO = 'sum(memory_snapshot_lookups_total{result="hit"}) / sum(memory_snapshot_lookups_total)'
 
@@ -27,7 +32,7 @@ def free_port() -> int:
 
 def query(base: str, promql: str) -> list[dict[str, object]]:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=CALL_SECONDS) as response:
         body = json.load(response)
     assert body["status"] == "success", body
     result: list[dict[str, object]] = body["data"]["result"]

@@ -33,7 +33,12 @@ from mcp import Client, StdioServerParameters
 from sidecar.api.access import parse_tokens
 from sidecar.config import settings
 from sidecar.ops import cli
-from tests.conftest import ROOT, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    START_SECONDS,
+    eventually,
+)
 from tests.ops.test_cagent import make_cagent_db
 
 README = ROOT / "README.md"
@@ -220,7 +225,7 @@ def stop(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=START_SECONDS)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -380,7 +385,7 @@ def initialize_as_the_http_entry(port: int) -> None:
             "Accept": "application/json, text/event-stream",
         },
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=CALL_SECONDS) as response:
         body = response.read().decode()
     assert '"serverInfo"' in body
 

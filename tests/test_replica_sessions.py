@@ -26,7 +26,14 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info, eventually, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    eventually,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -40,7 +47,7 @@ FROZEN = "defaults: {snapshot_refresh: on_compaction}\n"
 
 def found(running: Running, text: str, **fields: Any) -> bool:
     hits = running.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query=text, **fields), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query=text, **fields), timeout=CALL_SECONDS
     )
     return any(text in hit.memory.content for hit in hits.hits)
 

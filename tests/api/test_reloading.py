@@ -26,7 +26,13 @@ from sidecar.config import settings
 from sidecar.core.errors import ConfigError
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import write_tokens
-from tests.conftest import MakeSidecar, Running, eventually, run_sidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+    run_sidecar,
+)
 
 A, B, C = "token-of-a", "token-of-b", "token-of-c"
 NESTED = "tokens: " + "[" * 3000 + "]" * 3000 + "\n"
@@ -54,7 +60,7 @@ def answer(running: Running, token: str, agent: str) -> grpc.StatusCode:
     (today's calls answer in milliseconds; a stalled reload took 22 s)."""
     request = pb.GetMemoriesRequest(scope=pb.Scope(agent_id=agent))
     try:
-        running.stub.GetMemories(request, metadata=with_token(token), timeout=5)
+        running.stub.GetMemories(request, metadata=with_token(token), timeout=CALL_SECONDS)
     except grpc.RpcError as error:
         return error.code()
     return grpc.StatusCode.OK
@@ -63,7 +69,7 @@ def answer(running: Running, token: str, agent: str) -> grpc.StatusCode:
 def health(running: Running) -> int:
     """The API listener's own health answer, within 5 s."""
     stub = health_pb2_grpc.HealthStub(running.channel)
-    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
+    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=CALL_SECONDS).status)
 
 
 @contextlib.contextmanager

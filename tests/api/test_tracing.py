@@ -30,7 +30,14 @@ from sidecar.config import settings as config_mod
 from sidecar.core.errors import ConfigError
 from sidecar.core.metrics import Metrics
 from sidecar.ops import daemon
-from tests.conftest import ROOT, Running, eventually, refused, sqlite_file
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    Running,
+    eventually,
+    refused,
+    sqlite_file,
+)
 
 # What must never reach a span: the memory's text and the scope's ids.
 CONTENT = "Ada's deploy key lives in the blue vault"
@@ -115,7 +122,7 @@ def test_a_call_continues_the_callers_trace_with_a_span_per_statement(
     traced: Traced, backend: str
 ) -> None:
     request = pb.AddMemoryRequest(scope=SCOPE, content=CONTENT, category="ops")
-    traced.running.stub.AddMemory(request, metadata=traceparent(), timeout=10)
+    traced.running.stub.AddMemory(request, metadata=traceparent(), timeout=CALL_SECONDS)
 
     (rpc,) = traced.rpc("AddMemory")
     assert rpc.kind is SpanKind.SERVER
@@ -353,7 +360,7 @@ def test_spans_reach_an_otlp_endpoint_named_by_the_environment(
         running = _start(str(tmp_path / "memory.db"), tmp_path, None, tracing="otlp")
         try:
             request = pb.AddMemoryRequest(scope=SCOPE, content=CONTENT)
-            running.stub.AddMemory(request, metadata=traceparent(), timeout=10)
+            running.stub.AddMemory(request, metadata=traceparent(), timeout=CALL_SECONDS)
         finally:
             _stop(running)  # flushes the batch
     finally:

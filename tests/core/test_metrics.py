@@ -12,7 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.interceptors import go_code_name
-from tests.conftest import MakeSidecar, Running, eventually, refused, require_tool
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+    refused,
+    require_tool,
+)
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 SECRET_IDS = ("coder", "ada", "session-secret")
@@ -20,7 +27,9 @@ SECRET_IDS = ("coder", "ada", "session-secret")
 
 def scrape(running: Running) -> str:
     assert running.addresses.metrics is not None
-    with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(
+        f"http://{running.addresses.metrics}/metrics", timeout=CALL_SECONDS
+    ) as r:
         body: bytes = r.read()
     return body.decode()
 

@@ -10,7 +10,11 @@ from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import Stats
 from sidecar.domain.sessions import Limits, SessionTable
 from sidecar.storage.writes import NewEntry
-from tests.conftest import MakeEngine, MakeSidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeEngine,
+    MakeSidecar,
+)
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
 
@@ -161,7 +165,8 @@ def test_no_stale_block_after_an_acknowledged_write(make_sidecar: MakeSidecar) -
         for version in range(1, 15):
             content = f"thread {i} version {version}"
             running.stub.UpdateMemory(
-                pb.UpdateMemoryRequest(scope=scope, id=owned[i], content=content), timeout=10
+                pb.UpdateMemoryRequest(scope=scope, id=owned[i], content=content),
+                timeout=CALL_SECONDS,
             )
             turn = running.turn(f"session-{i}", "version", scope=scope)
             if content not in turn.system_block:

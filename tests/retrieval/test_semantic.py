@@ -20,7 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.retrieval.embedding import LocalEncoder
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 from tests.endpoint import JsonEndpoint
 
 pytestmark = pytest.mark.contract
@@ -58,7 +63,7 @@ def add_notes(running: Running) -> list[pb.Memory]:
 def search(running: Running, query: str, **fields: Any) -> list[pb.SearchHit]:
     fields.setdefault("scope", SCOPE)
     request = pb.SearchMemoriesRequest(query=query, **fields)
-    return list(running.stub.SearchMemories(request, timeout=10).hits)
+    return list(running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits)
 
 
 def ids(hits: list[pb.SearchHit]) -> list[str]:
@@ -153,7 +158,7 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
         pb.UpdateMemoryRequest(
             scope=SCOPE, id=notes[0].id, content="The office wifi password rotates monthly"
         ),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     assert search(running, "what does she like to eat") == []
     assert ids(search(running, "network credentials change")) == [notes[0].id]
@@ -162,11 +167,13 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
 
     # Only the confidence changes: the vector stays.
     running.stub.UpdateMemory(
-        pb.UpdateMemoryRequest(scope=SCOPE, id=notes[4].id, confidence=0.3), timeout=10
+        pb.UpdateMemoryRequest(scope=SCOPE, id=notes[4].id, confidence=0.3), timeout=CALL_SECONDS
     )
     assert ids(search(running, "which musical instrument")) == [notes[4].id]
 
-    running.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=notes[4].id), timeout=10)
+    running.stub.DeleteMemory(
+        pb.DeleteMemoryRequest(scope=SCOPE, id=notes[4].id), timeout=CALL_SECONDS
+    )
     assert search(running, "which musical instrument") == []
     assert vector_rows(running) == len(NOTES) - 1
 

@@ -23,6 +23,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests import pg
 from tests.conftest import (
+    CALL_SECONDS,
     Running,
     WallClock,
     error_info,
@@ -161,7 +162,7 @@ def test_listeners_come_back_and_idle_slots_are_given_back_under_contention(
         while not stop.is_set():
             i += 1
             try:
-                running.add(f"fact {n}-{i}", scope=scope, timeout=15)
+                running.add(f"fact {n}-{i}", scope=scope, timeout=CALL_SECONDS)
                 outcome = "ok"
             except grpc.RpcError as error:
                 outcome = error_info(error).reason
@@ -383,17 +384,17 @@ def test_session_events_are_not_broadcast_at_once_while_the_pool_is_held(
 
         eventually(held_empty, "the pool is held with no connection")
         compaction = running.stub.NotifyCompaction(
-            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert not compaction.broadcast
         ended = running.stub.EndSession(
-            pb.EndSessionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.EndSessionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert not ended.broadcast
 
         pool.release()
         compaction = running.stub.NotifyCompaction(
-            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert compaction.broadcast
     finally:
