@@ -12,6 +12,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     MakeSidecar,
 )
 
@@ -101,7 +102,7 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
+        thread.join(WAIT_SECONDS)
     assert not [t for t in threads if t.is_alive()], "a thread is stuck: deadlock"
 
     assert set(codes) <= EXPECTED, codes  # never UNAVAILABLE (locked), INTERNAL, ...

@@ -30,6 +30,7 @@ from tests.api.test_mcp_http import run
 from tests.conftest import (
     CALL_SECONDS,
     ROOT,
+    START_SECONDS,
     MakeSidecar,
     contents,
     require_tool,
@@ -74,7 +75,7 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
         [*_render_command(), str(directory)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -584,7 +585,7 @@ def test_alert_rules_pass_promtool() -> None:
             cwd=rules,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=START_SECONDS,
             check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr

@@ -14,6 +14,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     Daemon,
     eventually,
     spawn_daemon,
@@ -100,7 +101,7 @@ def hammer(
 def wait_for_writes(ledger: Ledger, acks: int) -> None:
     """Until the writers are well into their stream (not a fixed sleep: a
     loaded machine may need longer to get going), then a little more."""
-    eventually(lambda: ledger.acks >= acks, f"{acks} writes acknowledged", within=30, pause=0.02)
+    eventually(lambda: ledger.acks >= acks, f"{acks} writes acknowledged", pause=0.02)
     time.sleep(0.2)
 
 
@@ -157,7 +158,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, durabilit
             finally:
                 stop.set()
                 for thread in threads:
-                    thread.join(20)
+                    thread.join(WAIT_SECONDS)
                 daemon.close()
             assert ledger.acks > acks_before, "no write was acknowledged before the kill"
 
@@ -185,7 +186,7 @@ def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path) -> None:
     finally:
         stop.set()
         for thread in threads:
-            thread.join(20)
+            thread.join(WAIT_SECONDS)
         daemon.close()
     assert ledger.acknowledged
     assert not Path(f"{db}-wal").exists()  # closed cleanly

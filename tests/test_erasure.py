@@ -330,7 +330,7 @@ def test_an_export_running_over_an_erased_scope_ends_aborted(
         running.addresses.api, options=[("grpc.http2.bdp_probe", 0)]
     ) as channel:
         request = pb.ExportMemoriesRequest(scope=ADA, tier=pb.TIER_USER, batch_size=10)
-        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=60)
+        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=CALL_SECONDS)
         first = next(stream)
         assert not first.done
         forget(eraser)

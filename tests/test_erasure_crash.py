@@ -21,6 +21,7 @@ from sidecar.storage import archive
 from sidecar.storage.store import Store
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     eventually,
     spawn_daemon,
 )
@@ -128,7 +129,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
 
         def call() -> None:
             try:
-                outcome.append(stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60))
+                outcome.append(
+                    stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=CALL_SECONDS)
+                )
             except grpc.RpcError as error:
                 outcome.append(error.code())
 
@@ -144,9 +147,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
 
             # A pause far shorter than the erasure: a busy loop would take a
             # core from the daemon it waits for.
-            eventually(started, "the erasure starts", within=30, pause=0.002)
+            eventually(started, "the erasure starts", pause=0.002)
             daemon.process.send_signal(signal.SIGKILL)
-        caller.join(30)
+        caller.join(WAIT_SECONDS)
         channel.close()
     finally:
         daemon.close()
@@ -175,7 +178,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
     try:
         with grpc.insecure_channel(daemon.api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            retried = stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60).erasure
+            retried = stub.ForgetUser(
+                pb.ForgetUserRequest(user_id="ada"), timeout=CALL_SECONDS
+            ).erasure
             assert retried.memories == left
             scope = pb.Scope(agent_id="coder", user_id="ada")
             assert not stub.GetMemories(

@@ -29,6 +29,7 @@ from sidecar.storage import archive
 from sidecar.storage._backend import ROWS_PER_INSERT
 from tests.conftest import (
     CALL_SECONDS,
+    START_SECONDS,
     WAIT_SECONDS,
     MakeSidecar,
     Running,
@@ -296,7 +297,6 @@ def test_a_cancelled_export_lets_go_of_its_slot_and_connection(make_sidecar: Mak
     eventually(
         lambda: (exports.running, _connections_in_use(running)) == (0, 0),
         "the export lets go of its slot and connection",
-        within=20,
         pause=0.02,
     )
     assert len(ids(export(running, scope=SCOPE))) == 1200
@@ -423,7 +423,7 @@ def test_the_cli_waits_for_a_busy_slot_and_resumes(
         assert command.is_alive(), capsys.readouterr().err
         return False
 
-    eventually(refused_once, "the CLI meets the busy slot", within=30, pause=0.02)
+    eventually(refused_once, "the CLI meets the busy slot", pause=0.02)
     holder.cancel()
     command.join(timeout=WAIT_SECONDS)
     assert codes == [0], capsys.readouterr().err
@@ -486,7 +486,7 @@ def test_the_cli_resumes_after_the_daemon_is_killed_mid_export(
         # readline() buffered.
         tail = export_cli.stdout.read()
         export_cli.stdout.close()
-        assert export_cli.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()
+        assert export_cli.wait(timeout=START_SECONDS) == 0, (tmp_path / "stderr").read_text()
     finally:
         errors.close()
         daemon.close()

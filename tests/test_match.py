@@ -20,6 +20,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     MakeSidecar,
     Running,
     contents,
@@ -30,8 +31,6 @@ from tests.conftest import (
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-# How long a thread waits for another to reach a point (a liveness bound).
-WAIT_SECONDS = 30.0
 
 
 def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:

@@ -171,7 +171,7 @@ def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
@@ -190,19 +190,21 @@ def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str])
         # off for longer and longer after each refused connection.
         with grpc.insecure_channel(env["MEMORY_SIDECAR_LISTEN"]) as channel:
             try:
-                status = health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
+                status = (
+                    health_pb2_grpc.HealthStub(channel).Check(request, timeout=CALL_SECONDS).status
+                )
             except grpc.RpcError:
                 status = health_pb2.HealthCheckResponse.UNKNOWN
         return bool(status == health_pb2.HealthCheckResponse.SERVING)
 
-    eventually(serving, "the daemon reports SERVING", within=60, pause=0.2)
+    eventually(serving, "the daemon reports SERVING", within=START_SECONDS, pause=0.2)
     health = subprocess.run(
         ["memory-sidecar", "health", "--timeout", "10"],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     assert health.stdout == "SERVING\n", health.stderr

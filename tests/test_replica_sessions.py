@@ -28,6 +28,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     MakeSidecar,
     Running,
     error_info,
@@ -378,7 +379,7 @@ def test_a_read_without_a_deadline_waits_at_most_the_configured_bound(
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
-    caller.join(30)
+    caller.join(WAIT_SECONDS)
     assert len(answered) == len(reads), "a read without a deadline never answered"
     for error in answered:
         assert error is not None

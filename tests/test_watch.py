@@ -28,6 +28,7 @@ from sidecar.storage.archive import LegacyEntry
 from sidecar.storage.writes import TierPolicy
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     MakeSidecar,
     Running,
     error_info,
@@ -39,7 +40,6 @@ from tests.conftest import (
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-WAIT_SECONDS = 20.0
 K = pb.MemoryEvent
 # Budgets off: the slow-consumer test writes large entries.
 UNLIMITED = "defaults:\n  memory_char_limit: 0\n  user_char_limit: 0\n"

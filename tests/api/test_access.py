@@ -20,6 +20,7 @@ from sidecar.api.interceptors import TokenFile
 from sidecar.ops import cli
 from tests.conftest import (
     CALL_SECONDS,
+    START_SECONDS,
     MakeSidecar,
     error_info,
     refused,
@@ -218,7 +219,9 @@ def test_unix_socket_is_owner_only(tmp_path: Path) -> None:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=START_SECONDS
+    )
 
 
 @pytest.fixture

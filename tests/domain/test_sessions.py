@@ -12,6 +12,7 @@ from sidecar.domain.sessions import Limits, SessionTable
 from sidecar.storage.writes import NewEntry
 from tests.conftest import (
     CALL_SECONDS,
+    WAIT_SECONDS,
     MakeEngine,
     MakeSidecar,
 )
@@ -147,7 +148,7 @@ def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> No
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(WAIT_SECONDS)
     assert problems == []
     assert "fact 39" in engine.inject(SCOPE, "s").system_block
 

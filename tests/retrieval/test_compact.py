@@ -345,7 +345,6 @@ def _wait_indexed(running: Running) -> None:
     eventually(
         lambda: not running.sidecar.engine.indexing(),
         "the compact index is persisted",
-        within=60,
         pause=0.02,
     )
 

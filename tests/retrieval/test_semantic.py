@@ -203,7 +203,6 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
     eventually(
         lambda: after.store.vectors.unembedded(semantic.model, 0, 1) == [],
         "the backfill embeds every entry",
-        within=30,
         pause=0.05,
     )
     assert vector_rows(after) == len(NOTES)
@@ -300,7 +299,6 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         eventually(
             lambda: plain.store.vectors.unembedded(semantic.model, 0, 1) == [],
             "the backfill embeds every entry again",
-            within=30,
             pause=0.05,
         )
         again = [r["body"]["input"] for r in model_endpoint.requests[asked:]]
@@ -378,7 +376,6 @@ def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
     eventually(
         lambda: after.store.vectors.unembedded(semantic.model, 0, 10, below=4) == [],
         "the backfill embeds the small tier",
-        within=30,
         pause=0.05,
     )
     # Only the small tier's two entries were embedded; the compact tier is
