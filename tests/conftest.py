@@ -39,23 +39,15 @@ from sidecar.ops import daemon
 from sidecar.storage.store import Store
 from tests import pg
 
+# The bounds every wait takes (tests/waits.py), for the tests to import from here.
+from tests.waits import CALL_SECONDS as CALL_SECONDS
+from tests.waits import START_SECONDS as START_SECONDS
+from tests.waits import TIMEOUT_SCALE as TIMEOUT_SCALE
+from tests.waits import WAIT_SECONDS as WAIT_SECONDS
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgresql")
 T = TypeVar("T")
-
-# How long a test waits for what must happen: liveness bounds, never timing
-# claims. A test waits for the event itself (health SERVING, a log line, a
-# condition, an exit), so a bound only runs out when something is broken;
-# they are generous because a loaded machine (a shared CI runner, a 2-core
-# laptop at load 20) takes seconds over what takes milliseconds when idle.
-# TEST_TIMEOUT_SCALE multiplies them all, for slower machines still.
-TIMEOUT_SCALE = float(os.environ.get("TEST_TIMEOUT_SCALE") or 1)
-# A process to start, to finish or to exit (a daemon, the CLI, a tool).
-START_SECONDS = 120.0 * TIMEOUT_SCALE
-# A thread to end, an event, a queue, a feed's news, a condition to hold.
-WAIT_SECONDS = 60.0 * TIMEOUT_SCALE
-# An RPC's deadline where the deadline is not what the test is about.
-CALL_SECONDS = 60.0 * TIMEOUT_SCALE
 
 
 @dataclass
