@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ from sidecar.ops import daemon
 from sidecar.storage.store import Store
 from tests import pg
 
+# The bounds every wait takes (tests/waits.py), for the tests to import from here.
+from tests.waits import CALL_SECONDS as CALL_SECONDS
+from tests.waits import START_SECONDS as START_SECONDS
+from tests.waits import TIMEOUT_SCALE as TIMEOUT_SCALE
+from tests.waits import WAIT_SECONDS as WAIT_SECONDS
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgresql")
 T = TypeVar("T")
@@ -54,12 +61,14 @@ class Running:
     # The --db the daemon was given: db_path, or a PostgreSQL DSN.
     db: str = ""
 
-    def add(self, content: str, timeout: float = 10, **fields: Any) -> pb.AddMemoryResponse:
+    def add(
+        self, content: str, timeout: float = CALL_SECONDS, **fields: Any
+    ) -> pb.AddMemoryResponse:
         request = pb.AddMemoryRequest(content=content, **fields)
         response: pb.AddMemoryResponse = self.stub.AddMemory(request, timeout=timeout)
         return response
 
-    def list(self, timeout: float = 10, **fields: Any) -> pb.GetMemoriesResponse:
+    def list(self, timeout: float = CALL_SECONDS, **fields: Any) -> pb.GetMemoriesResponse:
         response: pb.GetMemoriesResponse = self.stub.GetMemories(
             pb.GetMemoriesRequest(**fields), timeout=timeout
         )
@@ -67,7 +76,7 @@ class Running:
 
     def turn(self, session_id: str, message: str = "", **fields: Any) -> pb.InjectForTurnResponse:
         request = pb.InjectForTurnRequest(session_id=session_id, user_message=message, **fields)
-        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=10)
+        response: pb.InjectForTurnResponse = self.stub.InjectForTurn(request, timeout=CALL_SECONDS)
         return response
 
     def db_queries(self) -> float:
@@ -288,7 +297,7 @@ def make_engine(tmp_path: Path) -> Iterator[MakeEngine]:
     # As the daemon's stop() does: a store closed under a compact index being
     # saved on a background thread crashes the process.
     for engine in engines:
-        assert engine.stop_indexing(30)
+        assert engine.stop_indexing(WAIT_SECONDS)
     for store in stores:
         store.close()
 
@@ -327,23 +336,66 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 _SERVING = re.compile(r"serving api=(\S+) health=(\S+) metrics=(\S+)(?: mcp=(\S+))?")
 
 
-@dataclass
 class Daemon:
-    process: subprocess.Popen[str]
-    api: str
-    health: str
-    metrics: str
-    log: list[str]
-    # The MCP listener's URL, or "-" when it is off.
-    mcp: str = "-"
+    """`python -m sidecar serve ARGS` as a process, its log read as it comes
+    on a thread: a wait for a line is bounded even while the daemon is
+    silent, and a long run never fills the pipe. The addresses are set by
+    spawn_daemon, once it reports serving."""
 
-    def wait(self, timeout: float = 20) -> int:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], Any] | None = None,
+    ) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=preexec_fn,
+        )
+        self.log: list[str] = []
+        self.api = self.health = self.metrics = ""
+        # The MCP listener's URL, or "-" when it is off.
+        self.mcp = "-"
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line.rstrip("\n"))
+
+    def until(self, pattern: str, *, within: float = START_SECONDS) -> re.Match[str]:
+        """The first log line matching `pattern`, waiting for it; fails at
+        once if the daemon exits first."""
+
+        def logged() -> re.Match[str] | None:
+            exited = self.process.poll() is not None
+            if exited:
+                self._reader.join(WAIT_SECONDS)  # the last lines
+            for line in list(self.log):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            assert not exited, "exited:\n" + "\n".join(self.log)
+            return None
+
+        return eventually(
+            logged,
+            lambda: f"logged {pattern!r}:\n" + "\n".join(self.log),
+            within=within,
+            pause=0.02,
+        )
+
+    def wait(self, timeout: float = START_SECONDS) -> int:
         """Wait for the exit; collect the rest of the log."""
         code = self.process.wait(timeout)
+        self._reader.join(WAIT_SECONDS)
         assert self.process.stderr is not None
-        if not self.process.stderr.closed:
-            self.log.extend(self.process.stderr.read().splitlines())
-            self.process.stderr.close()
+        self.process.stderr.close()
         return code
 
     def close(self) -> None:
@@ -354,31 +406,19 @@ class Daemon:
 
 
 def spawn_daemon(
-    *args: str, timeout: float = 20, preexec_fn: Callable[[], Any] | None = None
+    *args: str, timeout: float = START_SECONDS, preexec_fn: Callable[[], Any] | None = None
 ) -> Daemon:
     """Run `python -m sidecar serve ARGS` and wait until it reports serving
     (`preexec_fn` runs in the child first, as a resource limit is set)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=preexec_fn,
-    )
-    assert process.stderr is not None
-    deadline = time.monotonic() + timeout
-    log: list[str] = []
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        log.append(line.rstrip("\n"))
-        match = _SERVING.search(line)
-        if match:
-            return Daemon(process, match[1], match[2], match[3], log, match[4] or "-")
-    daemon = Daemon(process, "", "", "", log)
-    daemon.close()
-    raise AssertionError("daemon did not report serving:\n" + "\n".join(log))
+    daemon = Daemon(*args, preexec_fn=preexec_fn)
+    try:
+        match = daemon.until(_SERVING.pattern, within=timeout)
+    except BaseException:
+        daemon.close()
+        raise
+    daemon.api, daemon.health, daemon.metrics = match[1], match[2], match[3]
+    daemon.mcp = match[4] or "-"
+    return daemon
 
 
 MakeSidecar = Callable[..., Running]
@@ -397,7 +437,7 @@ def run_sidecar(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         [sys.executable, "-m", "sidecar", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
         env=env,
     )
@@ -409,7 +449,7 @@ def contents(running: Running, scope: pb.Scope, *, token: str = "", **fields: An
     requires)."""
     metadata = [("authorization", f"Bearer {token}")] if token else None
     request = pb.GetMemoriesRequest(scope=scope, **fields)
-    listed = running.stub.GetMemories(request, metadata=metadata, timeout=10)
+    listed = running.stub.GetMemories(request, metadata=metadata, timeout=CALL_SECONDS)
     return [m.content for m in listed.memories]
 
 
@@ -417,7 +457,7 @@ def eventually(
     check: Callable[[], T | None],
     what: str | Callable[[], str],
     *,
-    within: float = 10.0,
+    within: float = WAIT_SECONDS,
     pause: float = 0.01,
 ) -> T:
     """Wait for `check` (another daemon's news, a server's state) to hold:

@@ -18,6 +18,8 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.waits import START_SECONDS
+
 
 def bindir() -> Path | None:
     """Where initdb and pg_ctl live (Debian keeps them off PATH)."""
@@ -65,7 +67,9 @@ class Cluster:
         command = list(args)
         if self._user:
             command = ["runuser", "-u", self._user, "--", *command]
-        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
+        return subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=START_SECONDS
+        )
 
     def start(self) -> None:
         if not self.data.exists():
@@ -117,6 +121,8 @@ class Cluster:
                 "-l",
                 str(self.root / "server.log"),
                 "-w",
+                # pg_ctl's own wait is a minute unless told.
+                *("-t", str(int(START_SECONDS))),
                 "start",
             ]
         )

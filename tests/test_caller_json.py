@@ -19,7 +19,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.limits import JSON_DEPTH, caller_json, checked
 from sidecar.storage.archive import parse_line
-from tests.conftest import Running, error_info, refused
+from tests.conftest import CALL_SECONDS, Running, error_info, refused
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 DEEP = "[" * 50_000 + "]" * 50_000
@@ -41,7 +41,7 @@ def call_tool(running: Running, name: str, arguments_json: str) -> grpc.RpcError
     request = pb.CallToolRequest(
         scope=SCOPE, session_id="s1", name=name, arguments_json=arguments_json
     )
-    return refused(running.stub.CallTool, request, timeout=30)
+    return refused(running.stub.CallTool, request, timeout=CALL_SECONDS)
 
 
 def refused_as(running: Running, name: str, arguments_json: str, reason: Reason) -> dict[str, str]:
@@ -87,7 +87,7 @@ def test_arguments_as_deep_as_the_limit_still_parse(sidecar: Running) -> None:
         arguments_json='{"target": "memory", "x": ' + nested + "}",
     )
     # A JSON object, as deep as allowed: an unknown argument, for the model.
-    answer = sidecar.stub.CallTool(request, timeout=10)
+    answer = sidecar.stub.CallTool(request, timeout=CALL_SECONDS)
     assert answer.is_error
     assert "unknown argument x" in answer.text
 
@@ -131,7 +131,7 @@ def test_a_surrogate_pair_is_a_character(sidecar: Running) -> None:
         name="memory",
         arguments_json='{"action": "add", "content": "ships on Fridays \\ud83d\\ude80"}',
     )
-    answer = sidecar.stub.CallTool(request, timeout=10)
+    answer = sidecar.stub.CallTool(request, timeout=CALL_SECONDS)
     assert not answer.is_error, answer.text
     listed = sidecar.list(scope=SCOPE).memories
     assert [m.content for m in listed] == ["ships on Fridays \U0001f680"]
@@ -162,7 +162,7 @@ def test_page_tokens_and_cursors_with_lone_surrogates_are_invalid(
             pb.SearchMemoriesRequest(scope=SCOPE, query="uv", page_token=token),
         ),
     ):
-        error = refused(call, request, timeout=10)
+        error = refused(call, request, timeout=CALL_SECONDS)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
         assert error_info(error).reason == "PAGE_TOKEN_INVALID"
     export = sidecar.stub.ExportMemories(pb.ExportMemoriesRequest(scope=SCOPE, cursor=token))

@@ -10,7 +10,11 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -47,25 +51,27 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
             try:
                 if own is None:
                     response = stub.AddMemory(
-                        pb.AddMemoryRequest(scope=scope, tier=tier, content=content), timeout=10
+                        pb.AddMemoryRequest(scope=scope, tier=tier, content=content),
+                        timeout=CALL_SECONDS,
                     )
                     own = response.memory.id
                 elif version % 4 == 0:
                     response = stub.DeleteMemory(
-                        pb.DeleteMemoryRequest(scope=scope, id=own), timeout=10
+                        pb.DeleteMemoryRequest(scope=scope, id=own), timeout=CALL_SECONDS
                     )
                     own = None
                     content = ""
                 else:
                     response = stub.UpdateMemory(
-                        pb.UpdateMemoryRequest(scope=scope, id=own, content=content), timeout=10
+                        pb.UpdateMemoryRequest(scope=scope, id=own, content=content),
+                        timeout=CALL_SECONDS,
                     )
                 note("OK")
                 if response.usage.used_chars > BUDGETS[tier]:
                     note("OK", f"{tier} at {response.usage.used_chars} after a write")
                 # No stale frozen block once a write is acknowledged (on_write).
                 block = stub.InjectForTurn(
-                    pb.InjectForTurnRequest(scope=scope, session_id=session), timeout=10
+                    pb.InjectForTurnRequest(scope=scope, session_id=session), timeout=CALL_SECONDS
                 ).system_block
                 if content and content not in block:
                     note("OK", f"{content!r} acknowledged but not in the next turn")
@@ -82,9 +88,11 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
                     pb.InjectForTurnRequest(
                         scope=scope, session_id=f"reader-{n}", user_message="w1 v2"
                     ),
-                    timeout=10,
+                    timeout=CALL_SECONDS,
                 )
-                stub.SearchMemories(pb.SearchMemoriesRequest(scope=scope, query="w2"), timeout=10)
+                stub.SearchMemories(
+                    pb.SearchMemoriesRequest(scope=scope, query="w2"), timeout=CALL_SECONDS
+                )
                 note("OK")
             except grpc.RpcError as error:
                 note(error.code().name)
@@ -94,7 +102,7 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
+        thread.join(WAIT_SECONDS)
     assert not [t for t in threads if t.is_alive()], "a thread is stuck: deadlock"
 
     assert set(codes) <= EXPECTED, codes  # never UNAVAILABLE (locked), INTERNAL, ...

@@ -27,7 +27,14 @@ from sidecar.config import settings
 from sidecar.ops import cli
 from sidecar.ops.daemon import pooled_connections
 from tests.api.test_mcp_http import run
-from tests.conftest import ROOT, MakeSidecar, contents, require_tool
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    START_SECONDS,
+    MakeSidecar,
+    contents,
+    require_tool,
+)
 
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -68,7 +75,7 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
         [*_render_command(), str(directory)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -336,7 +343,7 @@ def test_the_agent_reaches_its_scope_with_the_components_url_and_headers(
 
     async def body() -> Any:
         async with (
-            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            httpx2.AsyncClient(headers=headers, timeout=CALL_SECONDS) as http,
             Client(streamable_http_client(target, http_client=http)) as client,
         ):
             return await client.call_tool(
@@ -578,7 +585,7 @@ def test_alert_rules_pass_promtool() -> None:
             cwd=rules,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=START_SECONDS,
             check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr
@@ -586,7 +593,9 @@ def test_alert_rules_pass_promtool() -> None:
 
 def test_dashboard_and_alerts_use_only_exported_metrics(make_sidecar: MakeSidecar) -> None:
     running = make_sidecar(metrics_listen="127.0.0.1:0")
-    with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(
+        f"http://{running.addresses.metrics}/metrics", timeout=CALL_SECONDS
+    ) as r:
         exported = set(re.findall(r"^# TYPE (\w+) (\w+)", r.read().decode(), flags=re.M))
     names = set()
     for name, kind in exported:

@@ -22,7 +22,11 @@ from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.tools import Tools
 from sidecar.storage.store import Store
-from tests.conftest import ROOT, Running
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    Running,
+)
 
 
 def test_readme_client_example_runs(sidecar: Running) -> None:
@@ -31,7 +35,11 @@ def test_readme_client_example_runs(sidecar: Running) -> None:
     assert 'ADDRESS = "127.0.0.1:50051"' in example
     code = example.replace("127.0.0.1:50051", sidecar.addresses.api)
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=START_SECONDS,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -12,7 +12,13 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
-from tests.conftest import Daemon, eventually, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    Daemon,
+    eventually,
+    spawn_daemon,
+)
 
 WRITERS = 6
 
@@ -38,7 +44,7 @@ def hammer(
     def delete(stub: pb_grpc.MemoryServiceStub, scope: pb.Scope, victim: str) -> None:
         with ledger.lock:
             ledger.deleting.add(victim)
-        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, id=victim), timeout=5)
+        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=scope, id=victim), timeout=CALL_SECONDS)
         with ledger.lock:
             ledger.gone.add(victim)
             ledger.acknowledged.pop(victim, None)
@@ -62,7 +68,7 @@ def hammer(
                             ledger.attempted[target].add(updated)
                         stub.UpdateMemory(
                             pb.UpdateMemoryRequest(scope=scope, id=target, content=updated),
-                            timeout=5,
+                            timeout=CALL_SECONDS,
                         )
                         with ledger.lock:
                             ledger.acknowledged[target] = updated
@@ -70,7 +76,8 @@ def hammer(
                         with ledger.lock:
                             ledger.adds.add(content)
                         added = stub.AddMemory(
-                            pb.AddMemoryRequest(scope=scope, tier=tier, content=content), timeout=5
+                            pb.AddMemoryRequest(scope=scope, tier=tier, content=content),
+                            timeout=CALL_SECONDS,
                         )
                         with ledger.lock:
                             ledger.acknowledged[added.memory.id] = content
@@ -94,7 +101,7 @@ def hammer(
 def wait_for_writes(ledger: Ledger, acks: int) -> None:
     """Until the writers are well into their stream (not a fixed sleep: a
     loaded machine may need longer to get going), then a little more."""
-    eventually(lambda: ledger.acks >= acks, f"{acks} writes acknowledged", within=30, pause=0.02)
+    eventually(lambda: ledger.acks >= acks, f"{acks} writes acknowledged", pause=0.02)
     time.sleep(0.2)
 
 
@@ -109,7 +116,7 @@ def everything(address: str) -> dict[str, pb.Memory]:
                     pb.GetMemoriesRequest(
                         scope=pb.Scope(agent_id=f"agent-{agent}", user_id=f"user-{user}")
                     ),
-                    timeout=10,
+                    timeout=CALL_SECONDS,
                 )
                 for usage in listed.usage:
                     assert usage.used_chars <= usage.limit_chars
@@ -151,7 +158,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, durabilit
             finally:
                 stop.set()
                 for thread in threads:
-                    thread.join(20)
+                    thread.join(WAIT_SECONDS)
                 daemon.close()
             assert ledger.acks > acks_before, "no write was acknowledged before the kill"
 
@@ -179,7 +186,7 @@ def test_sigterm_under_load_drains_and_loses_nothing(tmp_path: Path) -> None:
     finally:
         stop.set()
         for thread in threads:
-            thread.join(20)
+            thread.join(WAIT_SECONDS)
         daemon.close()
     assert ledger.acknowledged
     assert not Path(f"{db}-wal").exists()  # closed cleanly

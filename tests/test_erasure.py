@@ -27,6 +27,7 @@ from sidecar.storage.writes import NewEntry
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import sha256, write_tokens
 from tests.conftest import (
+    CALL_SECONDS,
     MakeEngine,
     MakeSidecar,
     Running,
@@ -89,7 +90,7 @@ def rows(running: Running, sql: str, *params: object) -> list[tuple[Any, ...]]:
 
 def forget(running: Running, user_id: str = "ada", **kwargs: Any) -> pb.Erasure:
     request = pb.ForgetUserRequest(user_id=user_id)
-    erasure: pb.Erasure = running.stub.ForgetUser(request, timeout=30, **kwargs).erasure
+    erasure: pb.Erasure = running.stub.ForgetUser(request, timeout=CALL_SECONDS, **kwargs).erasure
     return erasure
 
 
@@ -150,7 +151,7 @@ def test_delete_scope_erases_one_tier_or_both(make_sidecar: MakeSidecar) -> None
     assert notes.memories == 1
     assert not shown(b, "live", NOTE)
     assert shown(b, "live", SECRET), "the user tier stays"
-    both = a.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA), timeout=30).erasure
+    both = a.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA), timeout=CALL_SECONDS).erasure
     assert both.memories == 2
     assert anywhere(b, SECRET) == []
     assert not shown(b, "frozen", SECRET, frozen)
@@ -329,7 +330,7 @@ def test_an_export_running_over_an_erased_scope_ends_aborted(
         running.addresses.api, options=[("grpc.http2.bdp_probe", 0)]
     ) as channel:
         request = pb.ExportMemoriesRequest(scope=ADA, tier=pb.TIER_USER, batch_size=10)
-        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=60)
+        stream = pb_grpc.MemoryServiceStub(channel).ExportMemories(request, timeout=CALL_SECONDS)
         first = next(stream)
         assert not first.done
         forget(eraser)
@@ -415,7 +416,9 @@ def test_the_audit_log_says_who_what_when_and_how_many_never_content(
     running.add(SECRET, scope=ADA, tier=pb.TIER_USER)
     running.add(NOTE, scope=ADA)
     forget(running)
-    running.stub.DeleteScope(pb.DeleteScopeRequest(scope=ADA, tier=pb.TIER_MEMORY), timeout=30)
+    running.stub.DeleteScope(
+        pb.DeleteScopeRequest(scope=ADA, tier=pb.TIER_MEMORY), timeout=CALL_SECONDS
+    )
     logged = rows(running, "SELECT * FROM audit_log ORDER BY id")
     assert "swordfish" not in repr(logged)
     assert "ArgoCD" not in repr(logged)
@@ -485,7 +488,7 @@ def test_only_an_erase_grant_may_erase(guarded: Running) -> None:
     ]
     for call, request in calls:
         for token in (AGENT, SINGLE):
-            error = refused(call, request, metadata=with_token(token), timeout=30)
+            error = refused(call, request, metadata=with_token(token), timeout=CALL_SECONDS)
             assert error.code() == grpc.StatusCode.PERMISSION_DENIED
             assert error_info(error).reason == "ERASE_NOT_GRANTED"
     assert rows(guarded, "SELECT COUNT(*) FROM memories") == [(2,)]
@@ -502,7 +505,7 @@ def test_a_restricted_erase_grant_erases_only_what_it_lists(guarded: Running) ->
         (guarded.stub.DeleteScope, pb.DeleteScopeRequest(scope=bob)),
         (guarded.stub.DeleteScope, pb.DeleteScopeRequest(scope=pb.Scope(agent_id="other"))),
     ):
-        error = refused(call, request, metadata=with_token(ADA_ERASER), timeout=30)
+        error = refused(call, request, metadata=with_token(ADA_ERASER), timeout=CALL_SECONDS)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert error_info(error).reason == "SCOPE_FORBIDDEN"
     assert forget(guarded, metadata=with_token(ADA_ERASER)).memories == 1
@@ -512,11 +515,11 @@ def test_a_restricted_erase_grant_erases_only_what_it_lists(guarded: Running) ->
 
 def test_forget_user_needs_a_user_id(make_sidecar: MakeSidecar) -> None:
     sidecar = make_sidecar("defaults:\n  shared_user_profile: true\n")
-    error = refused(sidecar.stub.ForgetUser, pb.ForgetUserRequest(), timeout=10)
+    error = refused(sidecar.stub.ForgetUser, pb.ForgetUserRequest(), timeout=CALL_SECONDS)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(error).reason == "USER_ID_EMPTY"
     assert "DeleteScope" in (error.details() or "")
     # The shared empty-user profile goes with DeleteScope.
     sidecar.add("shared profile fact", scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
     request = pb.DeleteScopeRequest(scope=pb.Scope(agent_id="coder"), tier=pb.TIER_USER)
-    assert sidecar.stub.DeleteScope(request, timeout=30).erasure.memories == 1
+    assert sidecar.stub.DeleteScope(request, timeout=CALL_SECONDS).erasure.memories == 1

@@ -19,7 +19,12 @@ from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.store import Store
-from tests.conftest import eventually, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    eventually,
+    spawn_daemon,
+)
 from tests.test_erasure import SECRET
 
 pytestmark = pytest.mark.contract
@@ -124,7 +129,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
 
         def call() -> None:
             try:
-                outcome.append(stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60))
+                outcome.append(
+                    stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=CALL_SECONDS)
+                )
             except grpc.RpcError as error:
                 outcome.append(error.code())
 
@@ -140,9 +147,9 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
 
             # A pause far shorter than the erasure: a busy loop would take a
             # core from the daemon it waits for.
-            eventually(started, "the erasure starts", within=30, pause=0.002)
+            eventually(started, "the erasure starts", pause=0.002)
             daemon.process.send_signal(signal.SIGKILL)
-        caller.join(30)
+        caller.join(WAIT_SECONDS)
         channel.close()
     finally:
         daemon.close()
@@ -171,11 +178,22 @@ def test_a_sigkill_mid_erasure_leaves_all_or_nothing_and_a_retry_completes(
     try:
         with grpc.insecure_channel(daemon.api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            retried = stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=60).erasure
+            retried = stub.ForgetUser(
+                pb.ForgetUserRequest(user_id="ada"), timeout=CALL_SECONDS
+            ).erasure
             assert retried.memories == left
             scope = pb.Scope(agent_id="coder", user_id="ada")
-            assert not stub.GetMemories(pb.GetMemoriesRequest(scope=scope), timeout=10).memories
+            assert not stub.GetMemories(
+                pb.GetMemoriesRequest(scope=scope), timeout=CALL_SECONDS
+            ).memories
             bob = pb.Scope(agent_id="coder", user_id="bob")
-            assert len(stub.GetMemories(pb.GetMemoriesRequest(scope=bob), timeout=10).memories) == 1
+            assert (
+                len(
+                    stub.GetMemories(
+                        pb.GetMemoriesRequest(scope=bob), timeout=CALL_SECONDS
+                    ).memories
+                )
+                == 1
+            )
     finally:
         daemon.close()

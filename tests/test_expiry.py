@@ -33,6 +33,7 @@ from sidecar.storage.archive import LegacyEntry
 from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires, NewEntry, TierPolicy
 from tests.conftest import (
+    CALL_SECONDS,
     MakeSidecar,
     Running,
     WallClock,
@@ -172,13 +173,13 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
     }
 
     found = sidecar.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note"), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note"), timeout=CALL_SECONDS
     )
     assert sorted(r.memory.content for r in found.hits) == sorted(stays)
     # The model's own tools read the same way.
     tool = sidecar.stub.CallTool(
         pb.CallToolRequest(scope=SCOPE, name="memory_search", arguments_json='{"query":"deploy"}'),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     assert not tool.is_error, tool.text
     assert all(f"deploy note {i} stays" in tool.text for i in range(3))
@@ -186,7 +187,9 @@ def test_search_and_lists_leave_expired_entries_out_unless_asked(
     # ExportMemories (the RPC) reads the same way.
     exported = "".join(
         r.jsonl
-        for r in sidecar.stub.ExportMemories(pb.ExportMemoriesRequest(scope=SCOPE), timeout=10)
+        for r in sidecar.stub.ExportMemories(
+            pb.ExportMemoriesRequest(scope=SCOPE), timeout=CALL_SECONDS
+        )
     )
     lines = enumerate(exported.splitlines(), start=1)
     assert [archive.parse_line(n, line)[1].content for n, line in lines] == stays
@@ -205,7 +208,7 @@ def test_an_expired_entry_cannot_be_updated_or_deleted(
     else:
         request = pb.DeleteMemoryRequest(id=brief.memory.id, scope=SCOPE)
         call = sidecar.stub.DeleteMemory
-    error = refused(call, request, timeout=10)
+    error = refused(call, request, timeout=CALL_SECONDS)
     assert error.code() == grpc.StatusCode.NOT_FOUND
     info = error_info(error)
     assert (info.reason, info.metadata["id"]) == ("EXPIRED", brief.memory.id)
@@ -266,7 +269,8 @@ def test_an_agents_default_ttl_applies_to_the_models_tool_adds(make_sidecar: Mak
             f'{{"action":"add","target":"{target}","content":"Noted by the model ({target})"}}'
         )
         called = sidecar.stub.CallTool(
-            pb.CallToolRequest(scope=SCOPE, name="memory", arguments_json=arguments), timeout=10
+            pb.CallToolRequest(scope=SCOPE, name="memory", arguments_json=arguments),
+            timeout=CALL_SECONDS,
         )
         assert not called.is_error, called.text
     listed = {m.content: m for m in sidecar.list(scope=SCOPE).memories}
@@ -393,7 +397,7 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
     # Still the same compact partition: nothing was loaded again.
     assert sidecar.sidecar.engine.inside().partitions.cached(key) is held
     found = sidecar.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=CALL_SECONDS
     )
     assert list(found.hits) == []
 
@@ -550,7 +554,7 @@ def test_an_add_storing_nothing_new_removes_expired_entries_without_repeating_on
     assert isinstance(cached, CompactPartition)
     assert cached.count == 6
     found = sidecar.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="repo uses uv"), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="repo uses uv"), timeout=CALL_SECONDS
     )
     assert [h.memory.id for h in found.hits].count(existing.memory.id) == 1
     turn = sidecar.turn("s2", "repo", scope=SCOPE)
@@ -586,7 +590,7 @@ def test_a_write_removes_at_most_a_batch_of_expired_entries(
     error = refused(
         sidecar.stub.UpdateMemory,
         pb.UpdateMemoryRequest(id=briefs[8].memory.id, scope=SCOPE, content="edited"),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(error).reason == "EXPIRED"
@@ -661,7 +665,7 @@ def test_a_clock_set_back_shows_an_expired_entry_again(
     assert brief.memory.id in back.system_block_memory_ids
     assert "pins Python" in back.system_block
     found = sidecar.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="staging cluster"), timeout=CALL_SECONDS
     )
     assert [h.memory.id for h in found.hits] == [brief.memory.id]
     assert "The staging cluster is down today" in contents(sidecar, SCOPE)
@@ -725,7 +729,9 @@ def test_an_entry_hidden_by_a_clock_ahead_frees_its_budget_and_returns_over_it(
     assert (usage.used_chars, usage.entry_count) == (63, 2)
     error = refused(sidecar.add, "c", scope=SCOPE)
     assert error_info(error).reason == "TIER_BUDGET_EXCEEDED"
-    sidecar.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=10)
+    sidecar.stub.DeleteMemory(
+        pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=CALL_SECONDS
+    )
     assert sidecar.add("c", scope=SCOPE).created
 
 
@@ -737,7 +743,7 @@ def test_forget_user_erases_an_entry_hidden_by_a_clock_ahead(
     sidecar.add("Ada is on call this week", scope=user, tier=pb.TIER_USER, ttl_seconds=HOUR)
     right = clock.now
     clock.move(2 * HOUR)
-    sidecar.stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=30)
+    sidecar.stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), timeout=CALL_SECONDS)
     clock.now = right
     assert contents(sidecar, user, include_expired=True) == []
     assert "on call" not in sidecar.turn("s", scope=user).system_block

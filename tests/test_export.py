@@ -27,7 +27,17 @@ from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.ops import cli
 from sidecar.storage import archive
 from sidecar.storage._backend import ROWS_PER_INSERT
-from tests.conftest import MakeSidecar, Running, error_info, eventually, refused, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    START_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    eventually,
+    refused,
+    spawn_daemon,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -60,7 +70,7 @@ def listed(
     memories: list[pb.Memory] = []
     request = pb.GetMemoriesRequest(scope=scope, tier=tier, page_size=7)
     while True:
-        page = running.stub.GetMemories(request, timeout=10)
+        page = running.stub.GetMemories(request, timeout=CALL_SECONDS)
         memories.extend(page.memories)
         if not page.next_page_token:
             return memories
@@ -200,10 +210,10 @@ def test_writes_made_during_a_stream_are_not_in_it(make_sidecar: MakeSidecar) ->
     assert first.count == 10
     assert not first.done
     added = running.add("written mid-export", scope=SCOPE).memory.id
-    running.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=last.id), timeout=10)
+    running.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=last.id), timeout=CALL_SECONDS)
     running.stub.UpdateMemory(
         pb.UpdateMemoryRequest(scope=SCOPE, id=second_last.id, content="changed mid-export"),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     exported = parsed([first, *stream])
     assert [m.id for _, m in exported] == [m.id for m in before]
@@ -291,7 +301,6 @@ def test_a_cancelled_export_lets_go_of_its_slot_and_connection(make_sidecar: Mak
     eventually(
         lambda: (exports.running, _connections_in_use(running)) == (0, 0),
         "the export lets go of its slot and connection",
-        within=20,
         pause=0.02,
     )
     assert len(ids(export(running, scope=SCOPE))) == 1200
@@ -341,7 +350,7 @@ def test_permission_follows_the_grant(make_sidecar: MakeSidecar, tmp_path: Path)
     def as_(token: str, **fields: Any) -> list[pb.ExportMemoriesResponse]:
         metadata = (("authorization", f"Bearer {token}"),)
         request = pb.ExportMemoriesRequest(**fields)
-        return list(running.stub.ExportMemories(request, metadata=metadata, timeout=10))
+        return list(running.stub.ExportMemories(request, metadata=metadata, timeout=CALL_SECONDS))
 
     admin, ada = "token-of-the-operator", "token-of-coder-for-ada"
     as_(admin)  # the operator may export anything
@@ -418,9 +427,9 @@ def test_the_cli_waits_for_a_busy_slot_and_resumes(
         assert command.is_alive(), capsys.readouterr().err
         return False
 
-    eventually(refused_once, "the CLI meets the busy slot", within=30, pause=0.02)
+    eventually(refused_once, "the CLI meets the busy slot", pause=0.02)
     holder.cancel()
-    command.join(timeout=60)
+    command.join(timeout=WAIT_SECONDS)
     assert codes == [0], capsys.readouterr().err
     assert out.read_text() == "".join(r.jsonl for r in export(running, scope=SCOPE))
 
@@ -433,7 +442,7 @@ def test_the_cli_sends_its_token_on_the_stream(
     running = make_sidecar(UNLIMITED, auth_token_file=str(token))
     metadata = (("authorization", "Bearer a-token-of-the-operator"),)
     request = pb.AddMemoryRequest(scope=SCOPE, content="behind a token")
-    running.stub.AddMemory(request, metadata=metadata, timeout=10)
+    running.stub.AddMemory(request, metadata=metadata, timeout=CALL_SECONDS)
     address = ["--address", running.addresses.api, "--agent-id", "coder", "--user-id", "ada"]
     assert cli.main(["export", *address, "--token-file", str(token)], environ={}) == 0
     assert "behind a token" in capsys.readouterr().out
@@ -481,7 +490,7 @@ def test_the_cli_resumes_after_the_daemon_is_killed_mid_export(
         # readline() buffered.
         tail = export_cli.stdout.read()
         export_cli.stdout.close()
-        assert export_cli.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()
+        assert export_cli.wait(timeout=START_SECONDS) == 0, (tmp_path / "stderr").read_text()
     finally:
         errors.close()
         daemon.close()

@@ -28,19 +28,25 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api import paging
 from sidecar.core.memory import Scope, Tier
 from sidecar.storage.archive import parse_line
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 UNLIMITED = "defaults: {memory_char_limit: 0, user_char_limit: 0}"
 # Long enough for a test's failure, never reached when it passes.
-SAFETY_SECONDS = 60
+SAFETY_SECONDS = WAIT_SECONDS
 
 
 def export(running: Running, **fields: Any) -> list[pb.ExportMemoriesResponse]:
     request = pb.ExportMemoriesRequest(scope=SCOPE, **fields)
-    return list(running.stub.ExportMemories(request, timeout=60))
+    return list(running.stub.ExportMemories(request, timeout=CALL_SECONDS))
 
 
 def contents(responses: list[pb.ExportMemoriesResponse]) -> list[str]:
@@ -174,7 +180,7 @@ def test_a_resume_after_writes_to_both_tiers_in_any_order_is_exact(
     for n in range(6):
         add(running, f"entry {n}", pb.TIER_USER if n % 3 else pb.TIER_MEMORY)
     stream = running.stub.ExportMemories(
-        pb.ExportMemoriesRequest(scope=SCOPE, batch_size=2), timeout=60
+        pb.ExportMemoriesRequest(scope=SCOPE, batch_size=2), timeout=CALL_SECONDS
     )
     received = [next(stream), next(stream)]
     stream.cancel()

@@ -12,7 +12,12 @@ import textwrap
 from pathlib import Path
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import ROOT, MakeSidecar, require_tool
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    MakeSidecar,
+    require_tool,
+)
 from tests.test_node_client import BUDGET_ERROR_INFO
 
 EXAMPLE = ROOT / "examples" / "go"
@@ -45,7 +50,12 @@ def _go_build_cache(env: dict[str, str]) -> str | None:
     if os.path.isabs(configured):
         return configured
     found = subprocess.run(
-        ["go", "env", "GOCACHE"], env=env, capture_output=True, text=True, timeout=60, check=False
+        ["go", "env", "GOCACHE"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=START_SECONDS,
+        check=False,
     )
     default = found.stdout.strip()
     return default if found.returncode == 0 and os.path.isabs(default) else None
@@ -134,6 +144,10 @@ def test_go_client_adds_turns_reads_error_details_and_ends(
 def test_go_example_is_gofmt_clean() -> None:
     gofmt = require_tool(shutil.which("gofmt"), "gofmt (Debian's golang-go package)")
     result = subprocess.run(
-        [gofmt, "-l", str(EXAMPLE)], capture_output=True, text=True, timeout=60, check=True
+        [gofmt, "-l", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=START_SECONDS,
+        check=True,
     )
     assert result.stdout == "", f"run gofmt -w on {result.stdout}"

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.retrieval import scanner
-from tests.conftest import MakeSidecar, Running, error_info, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    eventually,
+    refused,
+)
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 
@@ -25,7 +32,7 @@ def refused_with(
     code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
 ) -> dict[str, str]:
     before = running.list(scope=SCOPE)
-    error = refused(getattr(running.stub, method), request, timeout=10)
+    error = refused(getattr(running.stub, method), request, timeout=CALL_SECONDS)
     assert error.code() == code, error.details()
     info = error_info(error)
     assert info.reason == reason, error.details()
@@ -154,7 +161,7 @@ def test_a_malformed_request_is_invalid_argument(sidecar: Running) -> None:
         response_deserializer=lambda b: b,
     )
     # Field 3 (content), length 2, bytes that are not UTF-8.
-    error = refused(raw, bytes([0x1A, 0x02, 0xFF, 0xFE]), timeout=5)
+    error = refused(raw, bytes([0x1A, 0x02, 0xFF, 0xFE]), timeout=CALL_SECONDS)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(error).reason == "MALFORMED_REQUEST"
 
@@ -323,21 +330,37 @@ def test_concurrent_retries_with_one_key_write_once(make_sidecar: MakeSidecar) -
     assert len(running.list(scope=SCOPE).memories) == 1
 
 
+def _calls(running: Running, name: str, method: str) -> float:
+    return sum(
+        sample.value
+        for family in running.sidecar.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and sample.labels.get("grpc_method") == method
+    )
+
+
+def started(running: Running, method: str) -> float:
+    """Calls of `method` the server has begun to handle."""
+    return _calls(running, "grpc_server_started_total", method)
+
+
+def ended(running: Running, method: str) -> bool:
+    """Whether every call of `method` begun has ended, whatever its status."""
+    return _calls(running, "grpc_server_handled_total", method) == started(running, method)
+
+
 def test_nothing_is_written_after_the_callers_deadline(make_sidecar: MakeSidecar) -> None:
-    running = make_sidecar("server: {busy_timeout_ms: 3000}")
+    # The lock is held until the client has given up, however long that
+    # takes on a loaded machine; the handler waits for it all that time.
+    running = make_sidecar("server: {busy_timeout_ms: 60000}")
     blocker = sqlite3.connect(running.db_path, isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")
-
-    def release() -> None:
-        blocker.execute("COMMIT")
-        blocker.close()
-
-    releaser = threading.Timer(1.0, release)
-    releaser.start()
     error = refused(running.add, "too late", scope=SCOPE, timeout=0.3)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    releaser.join()
-    time.sleep(0.5)  # the handler got the lock after the client gave up
+    blocker.execute("COMMIT")
+    blocker.close()
+    # The handler got the lock after the client gave up.
+    eventually(lambda: ended(running, "AddMemory"), "the AddMemory handler ends")
     assert list(running.list(scope=SCOPE).memories) == []
     assert running.add("in time", scope=SCOPE).created
 
@@ -347,12 +370,15 @@ def test_nothing_is_written_for_a_cancelled_call(make_sidecar: MakeSidecar) -> N
     blocker = sqlite3.connect(running.db_path, isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")
     call = running.stub.AddMemory.future(
-        pb.AddMemoryRequest(scope=SCOPE, content="abandoned"), timeout=10
+        pb.AddMemoryRequest(scope=SCOPE, content="abandoned"), timeout=CALL_SECONDS
     )
-    time.sleep(0.3)  # the handler is waiting for the write lock
+    eventually(lambda: started(running, "AddMemory"), "the handler waits for the write lock")
     assert call.cancel()
-    time.sleep(0.2)
+    # The server has read the cancellation once a later call on the same
+    # connection is answered (HTTP/2 frames arrive in order): no pause.
+    health = health_pb2_grpc.HealthStub(running.channel)
+    health.Check(health_pb2.HealthCheckRequest(), timeout=CALL_SECONDS)
     blocker.execute("COMMIT")
     blocker.close()
-    time.sleep(0.5)
+    eventually(lambda: ended(running, "AddMemory"), "the AddMemory handler ends")
     assert list(running.list(scope=SCOPE).memories) == []

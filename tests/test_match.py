@@ -18,19 +18,25 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, contents, error_info, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    contents,
+    error_info,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-# How long a thread waits for another to reach a point (a liveness bound).
-WAIT_SECONDS = 30.0
 
 
 def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:
     fields.setdefault("scope", SCOPE)
     response: pb.UpdateMemoryResponse = running.stub.UpdateMemory(
-        pb.UpdateMemoryRequest(**fields), timeout=10
+        pb.UpdateMemoryRequest(**fields), timeout=CALL_SECONDS
     )
     return response
 
@@ -38,7 +44,7 @@ def update(running: Running, **fields: Any) -> pb.UpdateMemoryResponse:
 def delete(running: Running, **fields: Any) -> pb.DeleteMemoryResponse:
     fields.setdefault("scope", SCOPE)
     response: pb.DeleteMemoryResponse = running.stub.DeleteMemory(
-        pb.DeleteMemoryRequest(**fields), timeout=10
+        pb.DeleteMemoryRequest(**fields), timeout=CALL_SECONDS
     )
     return response
 
@@ -365,7 +371,9 @@ def test_semantic_vectors_follow_an_edit_by_match(make_sidecar: MakeSidecar) -> 
 
     def found(query: str) -> list[str]:
         request = pb.SearchMemoriesRequest(scope=SCOPE, query=query)
-        return [h.memory.id for h in running.stub.SearchMemories(request, timeout=10).hits]
+        return [
+            h.memory.id for h in running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits
+        ]
 
     def vectors() -> int:
         cursor = running.store._db.execute_sql("SELECT COUNT(*) FROM memory_vectors")

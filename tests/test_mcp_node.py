@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import ROOT, MakeSidecar, Running, require_tool
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    MakeSidecar,
+    Running,
+    require_tool,
+)
 
 EXAMPLE = ROOT / "examples" / "mcp-node"
 SCOPE = pb.Scope(agent_id="node-agent", user_id="node-user")
@@ -27,7 +33,7 @@ def node_client(running: Running, *args: str) -> tuple[int, list[dict[str, Any]]
         [node, str(EXAMPLE / "client.js"), running.addresses.mcp, *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     return result.returncode, [json.loads(line) for line in result.stdout.splitlines()]

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import ROOT, MakeSidecar, require_tool
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    MakeSidecar,
+    require_tool,
+)
 from tests.endpoint import JsonEndpoint
 
 EXAMPLE = ROOT / "examples" / "node"
@@ -46,7 +51,7 @@ def run_example(script: str, address: str) -> list[dict[str, Any]]:
         [node, str(EXAMPLE / script), address],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -213,7 +218,7 @@ def test_the_typescript_loop_in_the_api_docs_type_checks_and_runs(
             [node, str(tsc), "--project", str(tmp_path / "tsconfig.json"), *flags],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=START_SECONDS,
             check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr
@@ -260,7 +265,7 @@ def test_the_typescript_loop_in_the_api_docs_type_checks_and_runs(
             [node, str(tmp_path / "loop.mjs")],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=START_SECONDS,
             env=environ,
             check=False,
         )

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, eventually, require_tool
+from tests.conftest import (
+    CALL_SECONDS,
+    START_SECONDS,
+    MakeSidecar,
+    eventually,
+    require_tool,
+)
 
 HIT_RATIO = 'sum(memory_snapshot_lookups_total{result="hit"}) / sum(memory_snapshot_lookups_total)'
 
@@ -27,7 +33,7 @@ def free_port() -> int:
 
 def query(base: str, promql: str) -> list[dict[str, object]]:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=CALL_SECONDS) as response:
         body = json.load(response)
     assert body["status"] == "success", body
     result: list[dict[str, object]] = body["data"]["result"]
@@ -81,11 +87,13 @@ def prometheus(prometheus_binary: str, tmp_path: Path) -> Iterator[tuple[str, Pa
         return False
 
     try:
-        eventually(ready, lambda: "Prometheus is ready:\n" + its_log(), within=30, pause=0.2)
+        eventually(
+            ready, lambda: "Prometheus is ready:\n" + its_log(), within=START_SECONDS, pause=0.2
+        )
         yield base, targets
     finally:
         process.terminate()
-        process.wait(20)
+        process.wait(START_SECONDS)
         log.close()
 
 
@@ -110,7 +118,9 @@ def test_prometheus_reads_the_hit_ratio(
             return result
         return None
 
-    ratio = eventually(scraped, "Prometheus scrapes all 12 lookups", within=45, pause=0.5)
+    ratio = eventually(
+        scraped, "Prometheus scrapes all 12 lookups", within=START_SECONDS, pause=0.5
+    )
     assert float(ratio[0]["value"][1]) == pytest.approx(0.75)  # type: ignore[index]
     up = query(base, 'up{job="memory-sidecar"}')
     assert [float(r["value"][1]) for r in up] == [1.0]  # type: ignore[index]

@@ -15,7 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import Running, error_info, start_sidecar, stop_sidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    Running,
+    error_info,
+    start_sidecar,
+    stop_sidecar,
+)
 
 # Codes a bad request may get; INTERNAL or UNKNOWN would be a bug.
 ACCEPTABLE = {
@@ -92,7 +98,7 @@ def attempt(server: Running, method: str, request: Any, scope: pb.Scope) -> None
     before = snapshot(server, scope)
     failure: grpc.RpcError | None = None
     try:
-        getattr(server.stub, method)(request, timeout=10)
+        getattr(server.stub, method)(request, timeout=CALL_SECONDS)
     except grpc.RpcError as error:
         failure = error
     if failure is None:

@@ -10,7 +10,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import ROOT, require_tool
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    require_tool,
+)
 
 _spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
 assert _spec is not None
@@ -44,7 +48,7 @@ def _buf() -> str | None:
 def test_buf_lint_standard_rules() -> None:
     buf = require_tool(_buf(), "buf (`make buf` installs it with npm)")
     result = subprocess.run(
-        [buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        [buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=START_SECONDS, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "STANDARD" in (ROOT / "buf.yaml").read_text()
@@ -92,7 +96,7 @@ def test_the_wheel_carries_importable_stubs(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ from sidecar.storage.schema import SCHEMA_VERSION
 from sidecar.storage.store import Store
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import sha256, write_tokens
-from tests.conftest import MakeSidecar, Running, eventually, refused
+from tests.conftest import CALL_SECONDS, MakeSidecar, Running, eventually, refused
 from tests.test_erasure import HEARTBEAT_MS, rows, shown
 from tests.test_export import export, parsed
 
@@ -47,7 +47,7 @@ def make_sidecar(make_sidecar: MakeSidecar) -> MakeSidecar:
 
 def forget(running: Running, user_id: str = "ada", erase: bool = False) -> pb.ForgetUserResponse:
     request = pb.ForgetUserRequest(user_id=user_id, erase_agent_notes_written_for_user=erase)
-    response: pb.ForgetUserResponse = running.stub.ForgetUser(request, timeout=30)
+    response: pb.ForgetUserResponse = running.stub.ForgetUser(request, timeout=CALL_SECONDS)
     return response
 
 
@@ -147,7 +147,7 @@ def test_a_tool_call_records_its_session(make_sidecar: MakeSidecar) -> None:
     request = pb.CallToolRequest(
         scope=ADA, session_id="s-1", name="memory", arguments_json=arguments
     )
-    result = running.stub.CallTool(request, timeout=10)
+    result = running.stub.CallTool(request, timeout=CALL_SECONDS)
     assert not result.is_error
     # Never shown to the model: neither the user nor the session.
     assert "ada" not in result.text + result.structured_json
@@ -223,10 +223,10 @@ def test_erasing_them_needs_a_grant_that_reaches_every_agent_holding_one(
         )
         running.stub.AddMemory(request, metadata=dpo)
     ask = pb.ForgetUserRequest(user_id="ada", erase_agent_notes_written_for_user=True)
-    error = refused(running.stub.ForgetUser, ask, metadata=coder, timeout=30)
+    error = refused(running.stub.ForgetUser, ask, metadata=coder, timeout=CALL_SECONDS)
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert rows(running, "SELECT COUNT(*) FROM memories") == [(2,)]
     reported = running.stub.ForgetUser(pb.ForgetUserRequest(user_id="ada"), metadata=coder)
     assert (reported.agent_notes_written_for_user, reported.agent_notes_erased) == (2, False)
-    erased = running.stub.ForgetUser(ask, metadata=dpo, timeout=30)
+    erased = running.stub.ForgetUser(ask, metadata=dpo, timeout=CALL_SECONDS)
     assert (erased.agent_notes_written_for_user, erased.erasure.memories) == (2, 2)

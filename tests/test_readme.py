@@ -33,7 +33,12 @@ from mcp import Client, StdioServerParameters
 from sidecar.api.access import parse_tokens
 from sidecar.config import settings
 from sidecar.ops import cli
-from tests.conftest import ROOT, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    START_SECONDS,
+    eventually,
+)
 from tests.ops.test_cagent import make_cagent_db
 
 README = ROOT / "README.md"
@@ -166,7 +171,7 @@ def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
@@ -185,19 +190,21 @@ def wait_serving(env: dict[str, str], cwd: Path, process: subprocess.Popen[str])
         # off for longer and longer after each refused connection.
         with grpc.insecure_channel(env["MEMORY_SIDECAR_LISTEN"]) as channel:
             try:
-                status = health_pb2_grpc.HealthStub(channel).Check(request, timeout=1).status
+                status = (
+                    health_pb2_grpc.HealthStub(channel).Check(request, timeout=CALL_SECONDS).status
+                )
             except grpc.RpcError:
                 status = health_pb2.HealthCheckResponse.UNKNOWN
         return bool(status == health_pb2.HealthCheckResponse.SERVING)
 
-    eventually(serving, "the daemon reports SERVING", within=60, pause=0.2)
+    eventually(serving, "the daemon reports SERVING", within=START_SECONDS, pause=0.2)
     health = subprocess.run(
         ["memory-sidecar", "health", "--timeout", "10"],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     assert health.stdout == "SERVING\n", health.stderr
@@ -220,7 +227,7 @@ def stop(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=START_SECONDS)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -380,7 +387,7 @@ def initialize_as_the_http_entry(port: int) -> None:
             "Accept": "application/json, text/event-stream",
         },
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=CALL_SECONDS) as response:
         body = response.read().decode()
     assert '"serverInfo"' in body
 

@@ -26,7 +26,15 @@ import grpc
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, error_info, eventually, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    eventually,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -40,7 +48,7 @@ FROZEN = "defaults: {snapshot_refresh: on_compaction}\n"
 
 def found(running: Running, text: str, **fields: Any) -> bool:
     hits = running.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query=text, **fields), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query=text, **fields), timeout=CALL_SECONDS
     )
     return any(text in hit.memory.content for hit in hits.hits)
 
@@ -371,7 +379,7 @@ def test_a_read_without_a_deadline_waits_at_most_the_configured_bound(
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
-    caller.join(30)
+    caller.join(WAIT_SECONDS)
     assert len(answered) == len(reads), "a read without a deadline never answered"
     for error in answered:
         assert error is not None

@@ -21,7 +21,15 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import SEPARATOR
-from tests.conftest import MakeSidecar, Running, eventually, refused, run_sidecar, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+    refused,
+    run_sidecar,
+    spawn_daemon,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -211,15 +219,21 @@ def test_two_daemon_processes_share_one_database(
     try:
         channels = [grpc.insecure_channel(d.api) for d in daemons]
         a, b = (pb_grpc.MemoryServiceStub(c) for c in channels)
-        a.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content="The repo uses uv"), timeout=10)
+        a.AddMemory(
+            pb.AddMemoryRequest(scope=SCOPE, content="The repo uses uv"), timeout=CALL_SECONDS
+        )
 
         def b_shows(text: str) -> bool:
-            turn = b.InjectForTurn(pb.InjectForTurnRequest(scope=SCOPE, session_id="s"), timeout=10)
+            turn = b.InjectForTurn(
+                pb.InjectForTurnRequest(scope=SCOPE, session_id="s"), timeout=CALL_SECONDS
+            )
             return text in turn.system_block
 
         eventually(lambda: b_shows("uses uv"), "the second process shows the first's write")
-        listed = a.GetMemories(pb.GetMemoriesRequest(scope=SCOPE), timeout=10)
-        a.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=listed.memories[0].id), timeout=10)
+        listed = a.GetMemories(pb.GetMemoriesRequest(scope=SCOPE), timeout=CALL_SECONDS)
+        a.DeleteMemory(
+            pb.DeleteMemoryRequest(scope=SCOPE, id=listed.memories[0].id), timeout=CALL_SECONDS
+        )
         eventually(lambda: not b_shows("uses uv"), "the second process drops the deleted entry")
         error = refused(
             b.DeleteMemory, pb.DeleteMemoryRequest(scope=SCOPE, id=listed.memories[0].id)

@@ -26,12 +26,20 @@ from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
 from sidecar.storage.writes import TierPolicy
-from tests.conftest import MakeSidecar, Running, error_info, eventually, refused, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    eventually,
+    refused,
+    spawn_daemon,
+)
 
 pytestmark = pytest.mark.contract
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
-WAIT_SECONDS = 20.0
 K = pb.MemoryEvent
 # Budgets off: the slow-consumer test writes large entries.
 UNLIMITED = "defaults:\n  memory_char_limit: 0\n  user_char_limit: 0\n"
@@ -234,8 +242,10 @@ def test_a_watcher_sees_writes_another_process_made(
     try:
         channel = grpc.insecure_channel(writer.api)
         stub = pb_grpc.MemoryServiceStub(channel)
-        added = stub.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content="uv"), timeout=10)
-        stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=10)
+        added = stub.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content="uv"), timeout=CALL_SECONDS)
+        stub.DeleteMemory(
+            pb.DeleteMemoryRequest(scope=SCOPE, id=added.memory.id), timeout=CALL_SECONDS
+        )
         events = watcher.take(2)
         assert [(e.kind, e.id) for e in events] == [
             (K.KIND_ADD, added.memory.id),

@@ -18,7 +18,16 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.api.interceptors import TokenFile
 from sidecar.ops import cli
-from tests.conftest import MakeSidecar, error_info, refused, require_tool, run_sidecar, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    START_SECONDS,
+    MakeSidecar,
+    error_info,
+    refused,
+    require_tool,
+    run_sidecar,
+    spawn_daemon,
+)
 
 TOKEN = "s3cr3t-token-value"
 
@@ -37,16 +46,22 @@ def with_token(token: str) -> list[tuple[str, str]]:
 def test_every_api_call_needs_the_token(make_sidecar: MakeSidecar, token_file: Path) -> None:
     running = make_sidecar(auth_token_file=str(token_file), health_listen="127.0.0.1:0")
     stub = running.stub
-    missing = refused(stub.GetMemories, pb.GetMemoriesRequest(), timeout=5)
+    missing = refused(stub.GetMemories, pb.GetMemoriesRequest(), timeout=CALL_SECONDS)
     assert missing.code() == grpc.StatusCode.UNAUTHENTICATED
     assert error_info(missing).reason == "TOKEN_MISSING"
     wrong = refused(
-        stub.AddMemory, pb.AddMemoryRequest(content="x"), timeout=5, metadata=with_token("not-it")
+        stub.AddMemory,
+        pb.AddMemoryRequest(content="x"),
+        timeout=CALL_SECONDS,
+        metadata=with_token("not-it"),
     )
     assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED
     assert error_info(wrong).reason == "TOKEN_INVALID"
     prefix = refused(
-        stub.AddMemory, pb.AddMemoryRequest(content="x"), timeout=5, metadata=with_token(TOKEN[:-1])
+        stub.AddMemory,
+        pb.AddMemoryRequest(content="x"),
+        timeout=CALL_SECONDS,
+        metadata=with_token(TOKEN[:-1]),
     )
     assert prefix.code() == grpc.StatusCode.UNAUTHENTICATED
     assert (
@@ -63,7 +78,8 @@ def test_every_api_call_needs_the_token(make_sidecar: MakeSidecar, token_file: P
     with pytest.raises(grpc.RpcError) as raised:
         list(
             reflect.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                timeout=CALL_SECONDS,
             )
         )
     assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -73,7 +89,7 @@ def test_every_api_call_needs_the_token(make_sidecar: MakeSidecar, token_file: P
         assert address is not None
         with grpc.insecure_channel(address) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=5
+                health_pb2.HealthCheckRequest(), timeout=CALL_SECONDS
             )
             assert status.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -130,12 +146,12 @@ def test_an_emptied_token_file_never_fails_calls(
     token_file.write_text("")
     for _ in range(3):  # across the once-a-second re-read
         response = running.stub.GetMemories(
-            pb.GetMemoriesRequest(scope=pb.Scope(agent_id="a")), metadata=good, timeout=10
+            pb.GetMemoriesRequest(scope=pb.Scope(agent_id="a")), metadata=good, timeout=CALL_SECONDS
         )
         assert len(response.usage) == 2
         with pytest.raises(grpc.RpcError) as caught:
             running.stub.GetMemories(
-                pb.GetMemoriesRequest(), metadata=with_token("wrong"), timeout=10
+                pb.GetMemoriesRequest(), metadata=with_token("wrong"), timeout=CALL_SECONDS
             )
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         time.sleep(0.6)
@@ -203,7 +219,9 @@ def test_unix_socket_is_owner_only(tmp_path: Path) -> None:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=START_SECONDS
+    )
 
 
 @pytest.fixture
@@ -271,13 +289,15 @@ def test_tls_on_the_api(make_sidecar: MakeSidecar, pki: Path) -> None:
     credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
     with grpc.secure_channel(running.addresses.api, credentials) as channel:
         added = pb_grpc.MemoryServiceStub(channel).AddMemory(
-            pb.AddMemoryRequest(content="over TLS"), timeout=10
+            pb.AddMemoryRequest(content="over TLS"), timeout=CALL_SECONDS
         )
         assert added.created
     # Plaintext gets nowhere.
     with grpc.insecure_channel(running.addresses.api) as channel:
         error = refused(
-            pb_grpc.MemoryServiceStub(channel).GetMemories, pb.GetMemoriesRequest(), timeout=5
+            pb_grpc.MemoryServiceStub(channel).GetMemories,
+            pb.GetMemoriesRequest(),
+            timeout=CALL_SECONDS,
         )
         assert error.code() == grpc.StatusCode.UNAVAILABLE
 
@@ -292,12 +312,16 @@ def test_mutual_tls_requires_a_client_certificate(make_sidecar: MakeSidecar, pki
     anonymous = grpc.ssl_channel_credentials(ca)
     with grpc.secure_channel(running.addresses.api, anonymous) as channel:
         error = refused(
-            pb_grpc.MemoryServiceStub(channel).GetMemories, pb.GetMemoriesRequest(), timeout=5
+            pb_grpc.MemoryServiceStub(channel).GetMemories,
+            pb.GetMemoriesRequest(),
+            timeout=CALL_SECONDS,
         )
         assert error.code() == grpc.StatusCode.UNAVAILABLE
     identified = grpc.ssl_channel_credentials(
         ca, (pki / "client.key").read_bytes(), (pki / "client.pem").read_bytes()
     )
     with grpc.secure_channel(running.addresses.api, identified) as channel:
-        listed = pb_grpc.MemoryServiceStub(channel).GetMemories(pb.GetMemoriesRequest(), timeout=10)
+        listed = pb_grpc.MemoryServiceStub(channel).GetMemories(
+            pb.GetMemoriesRequest(), timeout=CALL_SECONDS
+        )
         assert list(listed.memories) == []

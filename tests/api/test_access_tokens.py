@@ -20,6 +20,7 @@ from sidecar.core.errors import ConfigError
 from sidecar.core.memory import Scope
 from tests.api.test_access import TOKEN, with_token
 from tests.conftest import (
+    CALL_SECONDS,
     ROOT,
     MakeSidecar,
     Running,
@@ -100,7 +101,9 @@ ERASING = {"ForgetUser", "DeleteScope"}
 
 
 def call(running: Running, method: str, request: Any, token: str) -> Any:
-    response = getattr(running.stub, method)(request, metadata=with_token(token), timeout=10)
+    response = getattr(running.stub, method)(
+        request, metadata=with_token(token), timeout=CALL_SECONDS
+    )
     if method not in _STREAMS:
         return response
     # A stream is refused (or not) at its first response.
@@ -243,7 +246,7 @@ def test_unknown_tokens_are_unauthenticated(make_sidecar: MakeSidecar, tokens_fi
         error = refused(call, running, "GetMemories", request, token)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED
         assert error_info(error).reason == "TOKEN_INVALID"
-    missing = refused(running.stub.GetMemories, request, timeout=10)
+    missing = refused(running.stub.GetMemories, request, timeout=CALL_SECONDS)
     assert error_info(missing).reason == "TOKEN_MISSING"
 
 
@@ -334,7 +337,7 @@ def test_a_running_daemon_follows_its_tokens_file(
         assert code in (None, grpc.StatusCode.PERMISSION_DENIED)
         return code is None
 
-    eventually(granted, "the rewritten tokens file is re-read", within=5, pause=0.1)
+    eventually(granted, "the rewritten tokens file is re-read", pause=0.1)
     # The token it dropped is gone.
     error = refused(call, running, "GetMemories", theirs, ADA)
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -469,9 +472,11 @@ def test_sessions_are_per_user_too(sidecar: Running) -> None:
     # bob's token may address (coder, bob): the same session id names bob's
     # session, never ada's.
     invalidated = sidecar.stub.NotifyCompaction(
-        pb.NotifyCompactionRequest(session_id="s", scope=bob), timeout=10
+        pb.NotifyCompactionRequest(session_id="s", scope=bob), timeout=CALL_SECONDS
     )
     assert not invalidated.invalidated
-    ended = sidecar.stub.EndSession(pb.EndSessionRequest(session_id="s", scope=bob), timeout=10)
+    ended = sidecar.stub.EndSession(
+        pb.EndSessionRequest(session_id="s", scope=bob), timeout=CALL_SECONDS
+    )
     assert not ended.dropped
     assert sidecar.turn("s", "hello", scope=ada).cache_hit

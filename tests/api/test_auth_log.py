@@ -15,7 +15,12 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.auth_log import AuthLog
 from tests.api.test_access import TOKEN, token_file, with_token  # noqa: F401 (a fixture)
-from tests.conftest import Clock, MakeSidecar, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    Clock,
+    MakeSidecar,
+    refused,
+)
 
 WRONG = "wrong-s3cret-guess"
 ADD = "/memory.v1.MemoryService/AddMemory"
@@ -63,11 +68,11 @@ def test_refused_grpc_calls_are_logged_without_the_token(
             error = refused(
                 running.stub.AddMemory,
                 pb.AddMemoryRequest(content="x"),
-                timeout=5,
+                timeout=CALL_SECONDS,
                 metadata=with_token(WRONG),
             )
             assert error.code() == grpc.StatusCode.UNAUTHENTICATED
-        refused(running.stub.GetMemories, pb.GetMemoriesRequest(), timeout=5)
+        refused(running.stub.GetMemories, pb.GetMemoriesRequest(), timeout=CALL_SECONDS)
     logged = lines(caplog)
     assert logged == [
         f"refused {ADD} over gRPC: TOKEN_INVALID (a bearer token missing or not valid)",
@@ -100,7 +105,7 @@ def post_initialize(url: str, token: str) -> int:
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=CALL_SECONDS) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -130,11 +135,11 @@ def test_a_token_sent_to_a_daemon_without_auth_is_warned_of(
     with caplog.at_level(logging.WARNING, logger="sidecar.auth"):
         for _ in range(2):
             listed = running.stub.GetMemories(
-                pb.GetMemoriesRequest(), metadata=with_token(WRONG), timeout=5
+                pb.GetMemoriesRequest(), metadata=with_token(WRONG), timeout=CALL_SECONDS
             )
             assert list(listed.memories) == []  # served, as anyone's
             assert post_initialize(running.addresses.mcp, WRONG) == 200
-        running.stub.GetMemories(pb.GetMemoriesRequest(), timeout=5)  # no token: no line
+        running.stub.GetMemories(pb.GetMemoriesRequest(), timeout=CALL_SECONDS)  # no token: no line
     logged = lines(caplog)
     assert len(logged) == 2
     assert logged[0].startswith(

@@ -18,7 +18,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.api.bounds import ACCEPT_BURST, HEALTH_CONNECTIONS, connection_caps
 from sidecar.config.settings import ServerSettings
-from tests.conftest import MakeSidecar, Running, eventually, spawn_daemon
+from tests.conftest import START_SECONDS, MakeSidecar, Running, eventually, spawn_daemon
 
 pytest.importorskip("mcp.server")
 
@@ -131,7 +131,7 @@ def test_a_flood_of_half_open_connections_leaves_grpc_and_mcp_answering(
         "--metrics-listen",
         "127.0.0.1:0",
         preexec_fn=_limited,
-        timeout=120,
+        timeout=START_SECONDS,
     )
     held: list[socket.socket] = []
     try:

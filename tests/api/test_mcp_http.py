@@ -25,7 +25,14 @@ from mcp.types import TextContent, TextResourceContents
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.api.test_access import pki  # noqa: F401 (a fixture)
 from tests.api.test_access_tokens import ADA, ADMIN, AGENT_A, tokens_file  # noqa: F401
-from tests.conftest import MakeSidecar, Running, contents, run_sidecar, spawn_daemon
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    contents,
+    run_sidecar,
+    spawn_daemon,
+)
 
 T = TypeVar("T")
 MODES = ("legacy", "auto")
@@ -70,7 +77,7 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """The SDK's Client over its streamable HTTP transport, bound by headers."""
     async with (
-        httpx2.AsyncClient(headers=bound(**binding), verify=verify, timeout=30) as http,
+        httpx2.AsyncClient(headers=bound(**binding), verify=verify, timeout=CALL_SECONDS) as http,
         Client(streamable_http_client(url, http_client=http), mode=mode) as client,
     ):
         yield client
@@ -485,7 +492,7 @@ def post(
     address: str, headers: dict[str, str], body: dict[str, Any] | None = None, **kwargs: Any
 ) -> httpx2.Response:
     """One raw HTTP request, as a client that is not an MCP SDK sends it."""
-    with httpx2.Client(timeout=30, **kwargs) as http:
+    with httpx2.Client(timeout=CALL_SECONDS, **kwargs) as http:
         return http.post(address, headers={**ACCEPT, **headers}, json=body or INITIALIZE)
 
 
@@ -578,7 +585,7 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     assert refusal(long)["data"]["reason"] == "FIELD_TOO_LONG"
     # Bytes throughout: the headers below are not ASCII text.
     accept = [(name.encode(), value.encode()) for name, value in ACCEPT.items()]
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=CALL_SECONDS) as http:
         latin = http.post(
             url(running),
             headers=[*accept, (b"X-Memory-Agent-Id", b"\xff\xfe")],
@@ -587,7 +594,7 @@ def test_scope_headers_are_checked(make_sidecar: MakeSidecar) -> None:
     assert latin.status_code == 400
     assert refusal(latin)["data"]["reason"] == "HEADER_INVALID"
     # UTF-8 ids are ids like any other.
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=CALL_SECONDS) as http:
         fine = http.post(
             url(running),
             headers=[*accept, (b"X-Memory-Agent-Id", "café".encode())],

@@ -15,7 +15,13 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.paging import PageTokens
 from sidecar.core.errors import InvalidArgument
 from sidecar.ops import cli
-from tests.conftest import MakeSidecar, Running, error_info, stop_sidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    error_info,
+    stop_sidecar,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -44,7 +50,7 @@ def fill(running: Running, count: int, size: int = 0, prefix: str = "fact") -> l
 def every_page(running: Running, request: pb.GetMemoriesRequest) -> list[pb.GetMemoriesResponse]:
     pages = []
     while True:
-        page = running.stub.GetMemories(request, timeout=10)
+        page = running.stub.GetMemories(request, timeout=CALL_SECONDS)
         pages.append(page)
         if not page.next_page_token:
             return pages
@@ -105,7 +111,7 @@ def test_page_tokens_are_bound_to_their_request(make_sidecar: MakeSidecar) -> No
     assert refused(scope=SCOPE, page_size=-1) == "PAGE_SIZE_OUT_OF_RANGE"
     # A search token does not page a list.
     search = running.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="fact", page_size=1), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="fact", page_size=1), timeout=CALL_SECONDS
     )
     assert refused(scope=SCOPE, page_token=search.next_page_token) == "PAGE_TOKEN_MISMATCH"
     # The page size may change between pages; too large a one is cut to 1000.
@@ -117,7 +123,7 @@ def test_search_pages_are_slices_of_one_ranking(make_sidecar: MakeSidecar) -> No
     running = make_sidecar(UNLIMITED)
     fill(running, 30, prefix="deploy note")
     whole = running.stub.SearchMemories(
-        pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note 7", limit=25), timeout=10
+        pb.SearchMemoriesRequest(scope=SCOPE, query="deploy note 7", limit=25), timeout=CALL_SECONDS
     )
     assert len(whole.hits) == 25
     assert whole.next_page_token == ""
@@ -125,7 +131,7 @@ def test_search_pages_are_slices_of_one_ranking(make_sidecar: MakeSidecar) -> No
     hits: list[pb.SearchHit] = []
     sizes = []
     while True:
-        page = running.stub.SearchMemories(request, timeout=10)
+        page = running.stub.SearchMemories(request, timeout=CALL_SECONDS)
         hits.extend(page.hits)
         sizes.append(len(page.hits))
         if not page.next_page_token:
@@ -139,7 +145,7 @@ def test_a_large_search_stays_under_the_response_limit(make_sidecar: MakeSidecar
     running = make_sidecar(UNLIMITED, max_response_bytes=SMALL)
     fill(running, 40, size=4000)
     request = pb.SearchMemoriesRequest(scope=SCOPE, query="fact", limit=1000)
-    first = running.stub.SearchMemories(request, timeout=10)
+    first = running.stub.SearchMemories(request, timeout=CALL_SECONDS)
     assert first.ByteSize() <= SMALL
     assert first.next_page_token
     assert 0 < len(first.hits) < 40
@@ -202,10 +208,10 @@ def test_a_forged_or_unsigned_token_is_refused(make_sidecar: MakeSidecar) -> Non
     assert "first page" in (caught.value.details() or "")
     # Search tokens are signed too.
     request = pb.SearchMemoriesRequest(scope=SCOPE, query="fact", page_size=1)
-    request.page_token = running.stub.SearchMemories(request, timeout=10).next_page_token
+    request.page_token = running.stub.SearchMemories(request, timeout=CALL_SECONDS).next_page_token
     request.page_token = forged(request.page_token, 3)
     with pytest.raises(grpc.RpcError) as caught:
-        running.stub.SearchMemories(request, timeout=10)
+        running.stub.SearchMemories(request, timeout=CALL_SECONDS)
     assert error_info(caught.value).reason == "PAGE_TOKEN_INVALID"
 
 

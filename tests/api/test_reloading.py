@@ -26,9 +26,17 @@ from sidecar.config import settings
 from sidecar.core.errors import ConfigError
 from tests.api.test_access import with_token
 from tests.api.test_access_tokens import write_tokens
-from tests.conftest import MakeSidecar, Running, eventually, run_sidecar
+from tests.conftest import (
+    MakeSidecar,
+    Running,
+    eventually,
+    run_sidecar,
+)
 
 A, B, C = "token-of-a", "token-of-b", "token-of-c"
+# A call's deadline here: calls answer in milliseconds, a stalled reload held
+# them 22 s (the bug these tests keep out), and a loaded machine takes seconds.
+STALL_SECONDS = 10.0
 NESTED = "tokens: " + "[" * 3000 + "]" * 3000 + "\n"
 
 
@@ -50,20 +58,20 @@ def secrets(tmp_path: Path) -> Path:
 
 
 def answer(running: Running, token: str, agent: str) -> grpc.StatusCode:
-    """The status of a GetMemories in `agent`'s scope with `token`, within 5 s
-    (today's calls answer in milliseconds; a stalled reload took 22 s)."""
+    """The status of a GetMemories in `agent`'s scope with `token`, within
+    STALL_SECONDS."""
     request = pb.GetMemoriesRequest(scope=pb.Scope(agent_id=agent))
     try:
-        running.stub.GetMemories(request, metadata=with_token(token), timeout=5)
+        running.stub.GetMemories(request, metadata=with_token(token), timeout=STALL_SECONDS)
     except grpc.RpcError as error:
         return error.code()
     return grpc.StatusCode.OK
 
 
 def health(running: Running) -> int:
-    """The API listener's own health answer, within 5 s."""
+    """The API listener's own health answer, within STALL_SECONDS."""
     stub = health_pb2_grpc.HealthStub(running.channel)
-    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status)
+    return int(stub.Check(health_pb2.HealthCheckRequest(), timeout=STALL_SECONDS).status)
 
 
 @contextlib.contextmanager
@@ -95,7 +103,7 @@ def test_a_deeply_nested_tokens_file_while_serving_keeps_the_last_good_set(
         assert answer(running, A, "agent-a") == grpc.StatusCode.OK
         return "keeping the last good tokens" in caplog.text
 
-    eventually(refused_and_answering, "the nested tokens file is refused", within=15, pause=0.05)
+    eventually(refused_and_answering, "the nested tokens file is refused", pause=0.05)
     for _ in range(20):
         assert answer(running, A, "agent-a") == grpc.StatusCode.OK
         time.sleep(0.1)
@@ -108,7 +116,6 @@ def test_a_deeply_nested_tokens_file_while_serving_keeps_the_last_good_set(
     eventually(
         lambda: answer(running, C, "agent-c") != grpc.StatusCode.OK,
         "C is revoked",
-        within=15,
         pause=0.05,
     )
     assert answer(running, C, "agent-c") == grpc.StatusCode.UNAUTHENTICATED
@@ -153,7 +160,6 @@ def test_a_duplicated_token_keeps_revocation_exact(
     eventually(
         lambda: answer(running, C, "agent-c") != grpc.StatusCode.OK,
         "deleting c.token revokes C",
-        within=15,
         pause=0.05,
     )
     assert answer(running, C, "agent-c") == grpc.StatusCode.UNAUTHENTICATED
@@ -167,7 +173,6 @@ def test_a_duplicated_token_keeps_revocation_exact(
     eventually(
         lambda: answer(running, B, "agent-b") == grpc.StatusCode.OK,
         "B comes back",
-        within=15,
         pause=0.05,
     )
     assert answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK
@@ -195,7 +200,6 @@ def test_a_blocking_file_stalls_no_call(
         eventually(
             lambda: "not a regular file" in caplog.text,
             "the FIFO is refused",
-            within=15,
             pause=0.05,
         )
         expected = grpc.StatusCode.UNAUTHENTICATED if blocked == "a.token" else grpc.StatusCode.OK
@@ -207,7 +211,6 @@ def test_a_blocking_file_stalls_no_call(
         eventually(
             lambda: answer(running, "token-of-a2", "agent-a") == grpc.StatusCode.OK,
             "the good file is reloaded",
-            within=15,
             pause=0.05,
         )
     else:
@@ -218,7 +221,6 @@ def test_a_blocking_file_stalls_no_call(
         eventually(
             lambda: answer(running, A, "agent-b") == grpc.StatusCode.OK,
             "the good file is reloaded",
-            within=15,
             pause=0.05,
         )
         assert answer(running, B, "agent-b") == grpc.StatusCode.UNAUTHENTICATED
@@ -244,11 +246,9 @@ def test_a_tokens_files_problems_are_a_metric(make_sidecar: MakeSidecar, secrets
     assert gauge() == 0
     (secrets / "c.token").unlink()
     (secrets / "tokens.yaml").write_text(NESTED)
-    eventually(lambda: gauge() == 2, "the problems are counted", within=15, pause=0.05)
+    eventually(lambda: gauge() == 2, "the problems are counted", pause=0.05)
     (secrets / "c.token").write_text(C)
-    eventually(
-        lambda: gauge() == 1, "a fixed token file is no longer counted", within=15, pause=0.05
-    )
+    eventually(lambda: gauge() == 1, "a fixed token file is no longer counted", pause=0.05)
 
 
 def test_the_reload_period_is_a_validated_setting() -> None:

@@ -11,7 +11,11 @@ import pytest
 
 from sidecar.config import settings
 from sidecar.core.errors import ConfigError
-from tests.conftest import ROOT, run_sidecar
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    run_sidecar,
+)
 
 FILE = """
 server:
@@ -252,7 +256,7 @@ def test_without_the_mcp_extra_the_message_says_what_installs_it(tmp_path: Path)
             [sys.executable, "-c", hidden + f"sys.exit(main({argv!r}, environ={{}}))"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=START_SECONDS,
             check=False,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )

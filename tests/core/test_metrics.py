@@ -12,7 +12,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.interceptors import go_code_name
-from tests.conftest import MakeSidecar, Running, eventually, refused, require_tool
+from tests.conftest import (
+    CALL_SECONDS,
+    START_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+    refused,
+    require_tool,
+)
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 SECRET_IDS = ("coder", "ada", "session-secret")
@@ -20,7 +28,9 @@ SECRET_IDS = ("coder", "ada", "session-secret")
 
 def scrape(running: Running) -> str:
     assert running.addresses.metrics is not None
-    with urllib.request.urlopen(f"http://{running.addresses.metrics}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(
+        f"http://{running.addresses.metrics}/metrics", timeout=CALL_SECONDS
+    ) as r:
         body: bytes = r.read()
     return body.decode()
 
@@ -132,7 +142,7 @@ def test_a_cancelled_stream_is_counted_as_canceled(served: Running) -> None:
         text = scrape(served)
         return text if value(text, "grpc_server_handling_seconds_count", **labels) else None
 
-    text = eventually(recorded, "the cancelled watch is recorded", within=20, pause=0.05)
+    text = eventually(recorded, "the cancelled watch is recorded", pause=0.05)
     assert value(text, "grpc_server_handled_total", **labels, grpc_code="Canceled") == 1
     for code in ("Unknown", "OK"):
         assert value(text, "grpc_server_handled_total", **labels, grpc_code=code) == 0
@@ -167,7 +177,7 @@ def test_promtool_accepts_the_metrics(served: Running) -> None:
         input=scrape(served),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -36,7 +36,14 @@ from sidecar.config.settings import Config
 from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.tools import Tools
 from sidecar.storage.writes import Edit, NewEntry
-from tests.conftest import ROOT, MakeEngine, MakeSidecar, Running, contents
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    MakeEngine,
+    MakeSidecar,
+    Running,
+    contents,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -58,7 +65,7 @@ def send(
         name="memory_20250818",
         arguments_json=json.dumps(arguments),
     )
-    response = running.stub.CallTool(request, timeout=10)
+    response = running.stub.CallTool(request, timeout=CALL_SECONDS)
     return response.text, response.is_error, json.loads(response.structured_json)
 
 
@@ -142,7 +149,7 @@ def refusal(running: Running, command: BaseModel) -> tuple[str, str]:
 
 
 def test_list_tools_says_how_to_declare_it_apart_from_the_other_tools(sidecar: Running) -> None:
-    listed = sidecar.stub.ListTools(pb.ListToolsRequest(scope=SCOPE), timeout=10)
+    listed = sidecar.stub.ListTools(pb.ListToolsRequest(scope=SCOPE), timeout=CALL_SECONDS)
     # Apart: a runtime passing every tool of `tools` to Anthropic's API
     # would otherwise declare two tools named memory.
     assert [tool.name for tool in listed.tools] == ["memory", "memory_search", "memory_list"]
@@ -303,7 +310,7 @@ def test_str_replace_edits_the_one_entry_holding_old_str(sidecar: Running) -> No
     ]
     # What InjectForTurn shows next is the edited entry: the engine's write.
     block = sidecar.stub.InjectForTurn(
-        pb.InjectForTurnRequest(scope=SCOPE, session_id="s2"), timeout=10
+        pb.InjectForTurnRequest(scope=SCOPE, session_id="s2"), timeout=CALL_SECONDS
     ).system_block
     assert "eu-west-1" in block
     assert "us-east-1" not in block

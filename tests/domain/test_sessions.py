@@ -10,7 +10,12 @@ from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import Stats
 from sidecar.domain.sessions import Limits, SessionTable
 from sidecar.storage.writes import NewEntry
-from tests.conftest import MakeEngine, MakeSidecar
+from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
+    MakeEngine,
+    MakeSidecar,
+)
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
 
@@ -143,7 +148,7 @@ def test_compaction_racing_rebuilds_is_never_lost(make_engine: MakeEngine) -> No
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(WAIT_SECONDS)
     assert problems == []
     assert "fact 39" in engine.inject(SCOPE, "s").system_block
 
@@ -161,7 +166,8 @@ def test_no_stale_block_after_an_acknowledged_write(make_sidecar: MakeSidecar) -
         for version in range(1, 15):
             content = f"thread {i} version {version}"
             running.stub.UpdateMemory(
-                pb.UpdateMemoryRequest(scope=scope, id=owned[i], content=content), timeout=10
+                pb.UpdateMemoryRequest(scope=scope, id=owned[i], content=content),
+                timeout=CALL_SECONDS,
             )
             turn = running.turn(f"session-{i}", "version", scope=scope)
             if content not in turn.system_block:

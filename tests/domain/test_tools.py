@@ -21,7 +21,16 @@ from sidecar.core.memory import Memory, Scope, Tier
 from sidecar.domain.engine import MemoryEngine
 from sidecar.domain.tools import Tools
 from sidecar.storage.writes import Edit, NewEntry
-from tests.conftest import ROOT, MakeEngine, MakeSidecar, Running, contents, error_info, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    ROOT,
+    MakeEngine,
+    MakeSidecar,
+    Running,
+    contents,
+    error_info,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -29,7 +38,7 @@ SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 
 
 def tools(running: Running, scope: pb.Scope = SCOPE) -> dict[str, pb.Tool]:
-    listed = running.stub.ListTools(pb.ListToolsRequest(scope=scope), timeout=10)
+    listed = running.stub.ListTools(pb.ListToolsRequest(scope=scope), timeout=CALL_SECONDS)
     return {tool.name: tool for tool in listed.tools}
 
 
@@ -44,7 +53,7 @@ def call(
         name=name,
         arguments_json=json.dumps(arguments) if raw is None else raw,
     )
-    response = running.stub.CallTool(request, timeout=10)
+    response = running.stub.CallTool(request, timeout=CALL_SECONDS)
     return response, json.loads(response.structured_json)
 
 
@@ -478,9 +487,9 @@ def test_a_near_duplicate_is_reported_or_refused_as_the_agent_says(
         name="memory",
         arguments_json=json.dumps({"action": "add", "content": "Deploys go through ArgoCD"}),
     )
-    assert not running.stub.CallTool(request, timeout=10).is_error
+    assert not running.stub.CallTool(request, timeout=CALL_SECONDS).is_error
     request.arguments_json = json.dumps({"action": "add", "content": "Deploys go via ArgoCD"})
-    refused_add = running.stub.CallTool(request, timeout=10)
+    refused_add = running.stub.CallTool(request, timeout=CALL_SECONDS)
     assert refused_add.is_error
     assert "already holds a similar entry: 'Deploys go through ArgoCD'" in refused_add.text
     assert json.loads(refused_add.structured_json)["error"]["reason"] == "SIMILAR_MEMORY"

@@ -17,9 +17,11 @@ from sidecar.domain.watch import Sync, Watches
 from sidecar.storage.events import Event
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
+from tests.conftest import (
+    WAIT_SECONDS,
+)
 
 SCOPE = Scope("coder", "ada")
-WAIT_SECONDS = 20.0
 
 
 @pytest.fixture

@@ -14,7 +14,12 @@ import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.ops import cli
-from tests.conftest import MakeSidecar, Running, sqlite_file
+from tests.conftest import (
+    START_SECONDS,
+    MakeSidecar,
+    Running,
+    sqlite_file,
+)
 
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 
@@ -229,7 +234,7 @@ def test_long_commands_show_progress_on_a_terminal(sidecar: Running, tmp_path: P
         text=True,
     )
     os.close(follower)
-    out, _ = process.communicate(timeout=60)
+    out, _ = process.communicate(timeout=START_SECONDS)
     chunks = []
     while True:
         try:

@@ -17,6 +17,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
     MakeSidecar,
     error_info,
     eventually,
@@ -33,7 +35,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def health_status(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
+        return int(
+            stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_SECONDS).status
+        )
 
 
 def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
@@ -55,10 +59,11 @@ def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
 
         with grpc.insecure_channel(daemon.api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            stub.AddMemory(pb.AddMemoryRequest(content="survives restarts"), timeout=5)
+            stub.AddMemory(pb.AddMemoryRequest(content="survives restarts"), timeout=CALL_SECONDS)
             reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
             answers = reflect.ServerReflectionInfo(
-                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                timeout=CALL_SECONDS,
             )
             services = {s.name for a in answers for s in a.list_services_response.service}
         assert {"memory.v1.MemoryService", "grpc.health.v1.Health"} <= services
@@ -66,7 +71,9 @@ def test_serve_health_reflection_and_clean_sigterm(tmp_path: Path) -> None:
         # The health listener serves health and nothing else.
         with grpc.insecure_channel(daemon.health) as channel:
             error = refused(
-                pb_grpc.MemoryServiceStub(channel).GetMemories, pb.GetMemoriesRequest(), timeout=5
+                pb_grpc.MemoryServiceStub(channel).GetMemories,
+                pb.GetMemoriesRequest(),
+                timeout=CALL_SECONDS,
             )
             assert error.code() == grpc.StatusCode.UNIMPLEMENTED
 
@@ -89,7 +96,9 @@ def test_unix_socket_listener(tmp_path: Path) -> None:
         assert daemon.api == f"unix:{sock}"
         with grpc.insecure_channel(f"unix:{sock}") as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
-            added = stub.AddMemory(pb.AddMemoryRequest(content="over a socket"), timeout=5)
+            added = stub.AddMemory(
+                pb.AddMemoryRequest(content="over a socket"), timeout=CALL_SECONDS
+            )
             assert added.created
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.wait() == 0
@@ -155,7 +164,7 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
     result: dict[str, object] = {}
 
     def slow_add() -> None:
-        result["response"] = running.add("written during shutdown", timeout=20)
+        result["response"] = running.add("written during shutdown")
 
     writer = threading.Thread(target=slow_add)
     writer.start()
@@ -188,7 +197,9 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
 
     def refusal() -> grpc.StatusCode | None:
         try:
-            pb_grpc.MemoryServiceStub(late).GetMemories(pb.GetMemoriesRequest(), timeout=5)
+            pb_grpc.MemoryServiceStub(late).GetMemories(
+                pb.GetMemoriesRequest(), timeout=CALL_SECONDS
+            )
         except grpc.RpcError as error:
             return error.code()
         return None
@@ -200,8 +211,8 @@ def test_stop_drains_in_flight_calls_and_refuses_new_ones(
 
     blocker.execute("COMMIT")
     blocker.close()
-    writer.join(10)
-    stopper.join(10)
+    writer.join(WAIT_SECONDS)
+    stopper.join(WAIT_SECONDS)
     assert not stopper.is_alive()
     response = result["response"]
     assert isinstance(response, pb.AddMemoryResponse)
@@ -227,7 +238,7 @@ def test_stop_waits_for_a_compact_index_being_saved(make_sidecar: MakeSidecar) -
     blocker.execute("BEGIN IMMEDIATE")
     # Held compactly from here; the index save this starts waits on the lock.
     request = pb.SearchMemoriesRequest(scope=scope, query="deploys friday")
-    assert running.stub.SearchMemories(request, timeout=20).hits
+    assert running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits
     assert running.sidecar.engine.indexing()
     stopper = threading.Thread(target=running.sidecar.stop, kwargs={"grace": 0})
     stopper.start()
@@ -235,7 +246,7 @@ def test_stop_waits_for_a_compact_index_being_saved(make_sidecar: MakeSidecar) -
     assert stopper.is_alive(), "stop() returned while an index was being saved"
     blocker.execute("COMMIT")
     blocker.close()
-    stopper.join(10)
+    stopper.join(WAIT_SECONDS)
     assert not stopper.is_alive()
     assert not running.sidecar.engine.indexing()
 
@@ -247,7 +258,7 @@ def test_a_lock_held_past_the_busy_timeout_is_unavailable(
     blocker = sqlite3.connect(running.db_path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     try:
-        error = refused(running.add, "blocked", timeout=10)
+        error = refused(running.add, "blocked", timeout=CALL_SECONDS)
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
@@ -272,7 +283,7 @@ def test_a_burst_of_sigterms_stops_the_daemon_cleanly(tmp_path: Path) -> None:
             time.sleep(0.0001)
         # Drained and stopped (a signal after serve returned may end the
         # exit itself: the default action is back by then).
-        assert daemon.wait(timeout=20) in (0, -signal.SIGTERM)
+        assert daemon.wait() in (0, -signal.SIGTERM)
         assert any(line.endswith("INFO sidecar: stopped") for line in daemon.log), daemon.log
     finally:
         daemon.close()
@@ -286,7 +297,6 @@ def test_the_mcp_url_is_logged_on_a_line_of_its_own(tmp_path: Path) -> None:
         "127.0.0.1:0",
         "--mcp-listen",
         "127.0.0.1:0",
-        timeout=120,
     )
     try:
         assert daemon.mcp.startswith("http://127.0.0.1:")

@@ -29,7 +29,13 @@ from tests.api.test_mcp_http import (
     run,
     text_of,
 )
-from tests.conftest import ROOT, MakeSidecar, contents, run_sidecar
+from tests.conftest import (
+    ROOT,
+    START_SECONDS,
+    MakeSidecar,
+    contents,
+    run_sidecar,
+)
 
 FROZEN = "memory://frozen-block"
 
@@ -272,7 +278,7 @@ def test_a_token_file_it_cannot_read_is_the_hosts_error_and_one_line_of_log(
         input="",
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=START_SECONDS,
         check=False,
         env={"PYTHONPATH": str(ROOT)},
     )

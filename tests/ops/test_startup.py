@@ -13,8 +13,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -47,13 +45,22 @@ from sidecar.ops.startup import Backoff, transient, wait_for_database
 from sidecar.storage.changes import ChangeFeed
 from sidecar.storage.store import Store
 from tests import pg
-from tests.conftest import error_info, eventually, refused, require_tool, run_sidecar, sqlite_file
+from tests.conftest import (
+    CALL_SECONDS,
+    START_SECONDS,
+    WAIT_SECONDS,
+    Daemon,
+    error_info,
+    eventually,
+    refused,
+    require_tool,
+    run_sidecar,
+    sqlite_file,
+)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _LISTENING = re.compile(r"listening api=(\S+) health=(\S+) metrics=(\S+) mcp=(\S+);")
-# A liveness bound for what the daemon must do, never a timing claim.
-PATIENCE = 60.0
 
 
 def free_port() -> int:
@@ -66,64 +73,12 @@ def health(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=service)
-        return int(stub.Check(request, timeout=5).status)
-
-
-class Waiting:
-    """`memory-sidecar serve` as a process, its log read as it comes (so a
-    long wait never fills the pipe)."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.log: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line.rstrip("\n"))
-
-    def until(self, pattern: str) -> re.Match[str]:
-        """The first log line matching `pattern`, waiting for it."""
-
-        def logged() -> re.Match[str] | None:
-            for line in list(self.log):
-                found = re.search(pattern, line)
-                if found:
-                    return found
-            assert self.process.poll() is None, "exited:\n" + "\n".join(self.log)
-            return None
-
-        return eventually(
-            logged,
-            lambda: f"logged {pattern!r}:\n" + "\n".join(self.log),
-            within=PATIENCE,
-            pause=0.05,
-        )
-
-    def wait(self) -> int:
-        code = self.process.wait(PATIENCE)
-        self._reader.join(PATIENCE)
-        assert self.process.stderr is not None
-        self.process.stderr.close()
-        return code
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.wait()
+        return int(stub.Check(request, timeout=CALL_SECONDS).status)
 
 
 @pytest.fixture
-def waiting() -> Iterator[list[Waiting]]:
-    started: list[Waiting] = []
+def waiting() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
     yield started
     for daemon in started:
         daemon.close()
@@ -158,7 +113,7 @@ def environ(**settings: str) -> dict[str, str]:
 def mcp_post(url: str, token: str) -> tuple[int, dict[str, Any]]:
     """An MCP initialize request: the HTTP status and the JSON body."""
     address = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(address.netloc, timeout=10)
+    connection = http.client.HTTPConnection(address.netloc, timeout=CALL_SECONDS)
     try:
         hello = {
             "protocolVersion": "2025-06-18",
@@ -179,7 +134,7 @@ def mcp_post(url: str, token: str) -> tuple[int, dict[str, Any]]:
 
 
 def test_waits_not_serving_for_postgresql_then_serves(
-    bindir: Path, waiting: list[Waiting], tmp_path: Path
+    bindir: Path, waiting: list[Daemon], tmp_path: Path
 ) -> None:
     # A cluster initialised but not started: nothing listens on its port yet.
     cluster = pg.Cluster(bindir, port=free_port())
@@ -189,7 +144,7 @@ def test_waits_not_serving_for_postgresql_then_serves(
     old = [("authorization", "Bearer old-token")]
     new = [("authorization", "Bearer new-token")]
     try:
-        daemon = Waiting(
+        daemon = Daemon(
             *("--db", cluster.tcp_dsn(), "--listen", "127.0.0.1:0"),
             *("--health-listen", "127.0.0.1:0", "--mcp-listen", "127.0.0.1:0"),
             *("--auth-token-file", str(token_file)),
@@ -214,12 +169,14 @@ def test_waits_not_serving_for_postgresql_then_serves(
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
             add = functools.partial(stub.AddMemory, metadata=old)
-            error = refused(add, pb.AddMemoryRequest(content="early"), timeout=5)
+            error = refused(add, pb.AddMemoryRequest(content="early"), timeout=CALL_SECONDS)
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
             assert "waits for its database" in (error.details() or "")
             assert "Connection refused" in (error.details() or "")  # what the last attempt met
-            stream = stub.ExportMemories(pb.ExportMemoriesRequest(), timeout=5, metadata=old)
+            stream = stub.ExportMemories(
+                pb.ExportMemoriesRequest(), timeout=CALL_SECONDS, metadata=old
+            )
             error = refused(list, stream)
             assert error_info(error).reason == "DATABASE_UNAVAILABLE"
 
@@ -234,16 +191,18 @@ def test_waits_not_serving_for_postgresql_then_serves(
             return False
 
         eventually(
-            serving, lambda: "SERVING:\n" + "\n".join(daemon.log), within=PATIENCE, pause=0.1
+            serving, lambda: "SERVING:\n" + "\n".join(daemon.log), within=START_SECONDS, pause=0.1
         )
         assert health(api, "memory.v1.MemoryService") == SERVING
         with grpc.insecure_channel(api) as channel:
             stub = pb_grpc.MemoryServiceStub(channel)
             request = pb.AddMemoryRequest(content="after")
-            error = refused(stub.AddMemory, request, timeout=10, metadata=old)
+            error = refused(stub.AddMemory, request, timeout=CALL_SECONDS, metadata=old)
             assert error.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert stub.AddMemory(request, timeout=10, metadata=new).created
-            listed = stub.GetMemories(pb.GetMemoriesRequest(), metadata=new).memories
+            assert stub.AddMemory(request, timeout=CALL_SECONDS, metadata=new).created
+            listed = stub.GetMemories(
+                pb.GetMemoriesRequest(), metadata=new, timeout=CALL_SECONDS
+            ).memories
             assert [m.content for m in listed] == ["after"]
         status, answer = mcp_post(mcp, "new-token")
         assert status == 200, answer
@@ -273,14 +232,14 @@ def test_gives_up_at_the_startup_timeout_in_one_line_with_the_reason() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_sigterm_while_an_attempt_hangs_exits_cleanly(waiting: list[Waiting]) -> None:
+def test_sigterm_while_an_attempt_hangs_exits_cleanly(waiting: list[Daemon]) -> None:
     # A "server" that accepts and never answers: libpq waits for its greeting
     # up to the connect timeout (busy_timeout_ms: a minute here).
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        daemon = Waiting(
+        daemon = Daemon(
             "--db",
             f"postgresql://postgres@127.0.0.1:{port}/postgres",
             "--listen",
@@ -288,7 +247,7 @@ def test_sigterm_while_an_attempt_hangs_exits_cleanly(waiting: list[Waiting]) ->
             env=environ(busy_timeout_ms="60000"),
         )
         waiting.append(daemon)
-        silent.settimeout(PATIENCE)
+        silent.settimeout(START_SECONDS)
         connection, _ = silent.accept()  # the attempt is under way
         with connection:
             daemon.process.send_signal(signal.SIGTERM)
@@ -298,9 +257,9 @@ def test_sigterm_while_an_attempt_hangs_exits_cleanly(waiting: list[Waiting]) ->
     assert not any("Traceback" in line for line in daemon.log)
 
 
-def test_sigterm_while_waiting_between_attempts_exits_cleanly(waiting: list[Waiting]) -> None:
+def test_sigterm_while_waiting_between_attempts_exits_cleanly(waiting: list[Daemon]) -> None:
     dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
-    daemon = Waiting("--db", dsn, "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0")
+    daemon = Daemon("--db", dsn, "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0")
     waiting.append(daemon)
     _, health_address, _, _ = daemon.until(_LISTENING.pattern).groups()
     assert health(health_address) == NOT_SERVING
@@ -444,7 +403,7 @@ class InProcess:
 
     def serving(self) -> bool:
         """Whether it reports SERVING (True) or serve() ends first (False);
-        fails when neither happens within PATIENCE."""
+        fails when neither happens within START_SECONDS."""
 
         def state() -> str | None:
             if not self._thread.is_alive():
@@ -456,13 +415,15 @@ class InProcess:
                 pass  # not listening yet
             return None
 
-        settled = eventually(state, "serve() reports SERVING or ends", within=PATIENCE, pause=0.05)
+        settled = eventually(
+            state, "serve() reports SERVING or ends", within=START_SECONDS, pause=0.05
+        )
         return settled == "serving"
 
     def end(self) -> object:
         """Stop it; what serve() returned or raised."""
         self.stop.set()
-        self._thread.join(PATIENCE)
+        self._thread.join(WAIT_SECONDS)
         assert not self._thread.is_alive()
         return self.outcome[0]
 
@@ -562,6 +523,12 @@ def test_ready_that_fails_stops_what_it_started(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         sidecar.ready()
     sidecar.stop(0)  # as the daemon does after a failed start
+    # Each was told to stop and ends at its next wake-up, which a loaded
+    # machine may not schedule before the assertion: wait for the ends.
+    started = {"janitor", "auth-reload", "change-feed"}
+    for thread in threading.enumerate():
+        if thread.name in started:
+            thread.join(WAIT_SECONDS)
     names = {thread.name for thread in threading.enumerate() if thread.is_alive()}
-    assert not names & {"janitor", "auth-reload", "change-feed"}, names
+    assert not names & started, names
     store.close()

@@ -23,7 +23,12 @@ from sidecar.retrieval.ranking import Weights, rank
 from sidecar.storage import archive
 from sidecar.storage._statements import Record, record_of
 from sidecar.storage.index import IndexSource
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 from tests.retrieval.test_partition import Hooks
 
 pytestmark = pytest.mark.contract
@@ -277,7 +282,7 @@ QUESTIONS = ["how does the worker deploy", "helm friday", "cron", "uv monday api
 
 def _hits(running: Running, query: str, limit: int = 1) -> list[pb.SearchHit]:
     request = pb.SearchMemoriesRequest(query=query, scope=SCOPE, limit=limit)
-    return list(running.stub.SearchMemories(request, timeout=10).hits)
+    return list(running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits)
 
 
 def _observed(running: Running) -> tuple[list[list[tuple[str, float]]], str, list[str]]:
@@ -323,9 +328,9 @@ def test_a_daemon_holding_tiers_compactly_answers_as_one_holding_them_in_full(
         pb.UpdateMemoryRequest(
             id=ids[3], scope=SCOPE, content="note 3: the worker deploys with nix"
         ),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
-    compact.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[4], scope=SCOPE), timeout=10)
+    compact.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[4], scope=SCOPE), timeout=CALL_SECONDS)
     compact.add("the worker deploy moved to friday", scope=SCOPE, confidence=1.0)
     fresh = make_sidecar(config % 0, name="same.db")
     assert _observed(compact) == _observed(fresh)
@@ -340,7 +345,6 @@ def _wait_indexed(running: Running) -> None:
     eventually(
         lambda: not running.sidecar.engine.indexing(),
         "the compact index is persisted",
-        within=60,
         pause=0.02,
     )
 
@@ -375,9 +379,9 @@ def test_a_large_tier_is_loaded_from_its_persisted_index_and_the_writes_since(
     # Writes once an index exists log the entries they touch.
     first.stub.UpdateMemory(
         pb.UpdateMemoryRequest(id=ids[1], scope=SCOPE, content="note 1: the cron uses nix"),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
-    first.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[2], scope=SCOPE), timeout=10)
+    first.stub.DeleteMemory(pb.DeleteMemoryRequest(id=ids[2], scope=SCOPE), timeout=CALL_SECONDS)
     first.add("the worker deploys with helm on friday", scope=SCOPE)
     assert _state(first) == (indexed, 3)
 
@@ -433,7 +437,7 @@ def test_a_persisted_index_still_loads_once_entries_expire(make_sidecar: MakeSid
         pb.UpdateMemoryRequest(
             id=ids[1], scope=SCOPE, content="note 1: the zebra cron", ttl_seconds=1
         ),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     updated = first.list(scope=SCOPE, include_expired=True).memories
     wait_past(next(m for m in updated if m.id == ids[1]))

@@ -26,7 +26,10 @@ from sidecar.retrieval.embedding import (
     encoder_missing,
 )
 from sidecar.retrieval.llm import ModelError
-from tests.conftest import MakeSidecar
+from tests.conftest import (
+    WAIT_SECONDS,
+    MakeSidecar,
+)
 from tests.endpoint import JsonEndpoint
 from tests.retrieval.test_semantic import NOTES, add_notes, fallbacks, search
 
@@ -382,7 +385,7 @@ def test_the_deadline_bounds_the_whole_call(endpoint: EmbeddingServer) -> None:
     with pytest.raises(EncoderError) as caught:
         encoder.encode(["x"])
     assert caught.value.reason == "timeout"
-    assert endpoint.cut_off.wait(10)  # the encoder hung up before the end
+    assert endpoint.cut_off.wait(WAIT_SECONDS)  # the encoder hung up before the end
 
 
 @dataclass

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    WAIT_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 from tests.endpoint import JsonEndpoint
 
 SCOPE = pb.Scope(agent_id="companion", user_id="caroline")
@@ -200,7 +205,7 @@ def test_the_timeout_bounds_the_whole_call_not_each_read(
     turn = running.turn("s", "Does Melanie still paint?", scope=SCOPE)
     assert fallbacks(running, "timeout") == 1
     assert "Melanie paints" in turn.turn_context
-    assert chat.cut_off.wait(10)
+    assert chat.cut_off.wait(WAIT_SECONDS)
 
 
 @pytest.mark.parametrize(

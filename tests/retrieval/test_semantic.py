@@ -20,7 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.retrieval.embedding import LocalEncoder
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 from tests.endpoint import JsonEndpoint
 
 pytestmark = pytest.mark.contract
@@ -58,7 +63,7 @@ def add_notes(running: Running) -> list[pb.Memory]:
 def search(running: Running, query: str, **fields: Any) -> list[pb.SearchHit]:
     fields.setdefault("scope", SCOPE)
     request = pb.SearchMemoriesRequest(query=query, **fields)
-    return list(running.stub.SearchMemories(request, timeout=10).hits)
+    return list(running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits)
 
 
 def ids(hits: list[pb.SearchHit]) -> list[str]:
@@ -152,7 +157,7 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
         pb.UpdateMemoryRequest(
             scope=SCOPE, id=notes[0].id, content="The office wifi password rotates monthly"
         ),
-        timeout=10,
+        timeout=CALL_SECONDS,
     )
     assert search(running, "what does she like to eat") == []
     assert ids(search(running, "network credentials change")) == [notes[0].id]
@@ -161,11 +166,13 @@ def test_vectors_follow_writes_and_go_with_their_entry(make_sidecar: MakeSidecar
 
     # Only the confidence changes: the vector stays.
     running.stub.UpdateMemory(
-        pb.UpdateMemoryRequest(scope=SCOPE, id=notes[4].id, confidence=0.3), timeout=10
+        pb.UpdateMemoryRequest(scope=SCOPE, id=notes[4].id, confidence=0.3), timeout=CALL_SECONDS
     )
     assert ids(search(running, "which musical instrument")) == [notes[4].id]
 
-    running.stub.DeleteMemory(pb.DeleteMemoryRequest(scope=SCOPE, id=notes[4].id), timeout=10)
+    running.stub.DeleteMemory(
+        pb.DeleteMemoryRequest(scope=SCOPE, id=notes[4].id), timeout=CALL_SECONDS
+    )
     assert search(running, "which musical instrument") == []
     assert vector_rows(running) == len(NOTES) - 1
 
@@ -195,7 +202,6 @@ def test_entries_written_before_semantic_was_on_are_backfilled(
     eventually(
         lambda: after.store.vectors.unembedded(semantic.model, 0, 1) == [],
         "the backfill embeds every entry",
-        within=30,
         pause=0.05,
     )
     assert vector_rows(after) == len(NOTES)
@@ -292,7 +298,6 @@ def test_prefixes_go_before_queries_and_entries_and_name_the_vectors(
         eventually(
             lambda: plain.store.vectors.unembedded(semantic.model, 0, 1) == [],
             "the backfill embeds every entry again",
-            within=30,
             pause=0.05,
         )
         again = [r["body"]["input"] for r in model_endpoint.requests[asked:]]
@@ -370,7 +375,6 @@ def test_tiers_held_compactly_are_neither_embedded_nor_backfilled(
     eventually(
         lambda: after.store.vectors.unembedded(semantic.model, 0, 10, below=4) == [],
         "the backfill embeds the small tier",
-        within=30,
         pause=0.05,
     )
     # Only the small tier's two entries were embedded; the compact tier is

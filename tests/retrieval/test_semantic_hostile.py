@@ -22,7 +22,12 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api import server
 from sidecar.config import settings
 from sidecar.retrieval.embedding import EncoderError, EndpointEncoder, LocalEncoder
-from tests.conftest import MakeSidecar, Running, eventually
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    eventually,
+)
 from tests.endpoint import JsonEndpoint
 from tests.retrieval.test_semantic import (
     NOTES,
@@ -90,7 +95,6 @@ def _wait_embedded(running: Running, dimension: int, count: int) -> None:
     eventually(
         lambda: _vector_sizes(running) == {2 * dimension: count},
         lambda: f"{count} vectors of {dimension} dimensions, not {_vector_sizes(running)}",
-        within=60,
         pause=0.05,
     )
 
@@ -201,9 +205,10 @@ def test_a_daemon_asking_an_enormous_endpoint_answers_with_keywords(
         add_notes(running)
         # A generous deadline: the outcome is asserted, not the time taken.
         request = pb.SearchMemoriesRequest(query="PostgreSQL staging", scope=SCOPE)
-        hits = running.stub.SearchMemories(request, timeout=60).hits
+        hits = running.stub.SearchMemories(request, timeout=CALL_SECONDS).hits
         turn = running.stub.InjectForTurn(
-            pb.InjectForTurnRequest(session_id="s", user_message="sushi", scope=SCOPE), timeout=60
+            pb.InjectForTurnRequest(session_id="s", user_message="sushi", scope=SCOPE),
+            timeout=CALL_SECONDS,
         )
     assert [h.memory.content for h in hits] == [
         h.memory.content for h in search(lexical, "PostgreSQL staging")

@@ -22,7 +22,14 @@ from sidecar.core.memory import Tier
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.embedding import LocalEncoder
 from sidecar.retrieval.similarity import COSINE_WEIGHT, lexical, pair, score, term_set
-from tests.conftest import MakeSidecar, Running, contents, error_info, refused
+from tests.conftest import (
+    CALL_SECONDS,
+    MakeSidecar,
+    Running,
+    contents,
+    error_info,
+    refused,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -79,7 +86,7 @@ def test_refuse_names_the_entry_and_changes_nothing(make_sidecar: MakeSidecar) -
     assert budget_rejections(running) == 0
     # What the model does next: replace the entry instead.
     running.stub.UpdateMemory(
-        pb.UpdateMemoryRequest(scope=SCOPE, id=first.id, content=RESTATED), timeout=10
+        pb.UpdateMemoryRequest(scope=SCOPE, id=first.id, content=RESTATED), timeout=CALL_SECONDS
     )
     listed = running.list(scope=SCOPE).memories
     assert [(m.id, m.content) for m in listed] == [(first.id, RESTATED)]

@@ -11,13 +11,15 @@ from sidecar.core.memory import Scope, Tier
 from sidecar.storage.events import Batch
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
-from tests.conftest import eventually
+from tests.conftest import (
+    WAIT_SECONDS,
+    eventually,
+)
 
 pytestmark = pytest.mark.contract
 
 SCOPE = Scope("coder", "ada")
 KEYS = [(tier, SCOPE.owner(tier)) for tier in Tier]
-WAIT_SECONDS = 20.0
 
 
 @pytest.fixture

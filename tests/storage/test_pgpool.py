@@ -24,6 +24,8 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests import pg
 from tests.conftest import (
+    CALL_SECONDS,
+    WAIT_SECONDS,
     Running,
     WallClock,
     error_info,
@@ -39,7 +41,7 @@ from tests.test_background_faults import assert_one_line_each, warnings_of
 SCOPE = pb.Scope(agent_id="coder", user_id="ada")
 PASSWORD = "slots"
 SLOTS = 17  # max_connections 20, less superuser_reserved_connections 3
-BOUND_SECONDS = 60.0
+BOUND_SECONDS = WAIT_SECONDS
 # Writes under load keep succeeding (and holding their tier's row lock).
 BIG_TIERS = "defaults: {memory_char_limit: 10000000}"
 POOLED = "memory-sidecar"
@@ -72,7 +74,8 @@ def superuser(cluster: pg.Cluster, statement: str) -> list[tuple[object, ...]]:
     briefly all taken ("too many clients"): try again."""
     import psycopg
 
-    for _ in range(100):
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
         try:
             return cluster.sql(statement)
         except psycopg.OperationalError:
@@ -162,7 +165,7 @@ def test_listeners_come_back_and_idle_slots_are_given_back_under_contention(
         while not stop.is_set():
             i += 1
             try:
-                running.add(f"fact {n}-{i}", scope=scope, timeout=15)
+                running.add(f"fact {n}-{i}", scope=scope, timeout=CALL_SECONDS)
                 outcome = "ok"
             except grpc.RpcError as error:
                 outcome = error_info(error).reason
@@ -190,7 +193,7 @@ def test_listeners_come_back_and_idle_slots_are_given_back_under_contention(
     finally:
         stop.set()
         for thread in threads:
-            thread.join(30)
+            thread.join(WAIT_SECONDS)
         for held in hogs:
             held.close()
     try:
@@ -309,14 +312,14 @@ def test_the_pool_closes_what_stayed_idle_and_holds_for_the_listener(small: pg.C
     def call() -> None:
         with pool.connection_context():
             pool.execute_sql("SELECT 1")
-            together.wait(30)
+            together.wait(WAIT_SECONDS)
 
     threads = [threading.Thread(target=call) for _ in range(2)]
     for thread in threads:
         thread.start()
-    together.wait(30)
+    together.wait(WAIT_SECONDS)
     for thread in threads:
-        thread.join(30)
+        thread.join(WAIT_SECONDS)
     assert pool.idle_count() == 2
     assert backends(small, name, POOLED) == 2
 
@@ -447,17 +450,17 @@ def test_session_events_are_not_broadcast_at_once_while_the_pool_is_held(
 
         eventually(held_empty, "the pool is held with no connection")
         compaction = running.stub.NotifyCompaction(
-            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert not compaction.broadcast
         ended = running.stub.EndSession(
-            pb.EndSessionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.EndSessionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert not ended.broadcast
 
         pool.release()
         compaction = running.stub.NotifyCompaction(
-            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=20
+            pb.NotifyCompactionRequest(session_id="s", scope=SCOPE), timeout=CALL_SECONDS
         )
         assert compaction.broadcast
     finally:
@@ -488,7 +491,7 @@ def test_listeners_get_back_in_while_sixty_writers_keep_every_slot_taken(
         while not stop.is_set():
             i += 1
             with contextlib.suppress(grpc.RpcError):
-                running.add(f"fact {n}-{i}", scope=scope, timeout=15)
+                running.add(f"fact {n}-{i}", scope=scope, timeout=CALL_SECONDS)
                 with lock:
                     done[0] += 1
 
@@ -511,7 +514,7 @@ def test_listeners_get_back_in_while_sixty_writers_keep_every_slot_taken(
 
     def added(running: Running, text: str) -> bool:
         try:
-            running.add(text, scope=SCOPE, timeout=15)
+            running.add(text, scope=SCOPE, timeout=CALL_SECONDS)
         except grpc.RpcError:
             return False
         return True
@@ -543,6 +546,6 @@ def test_listeners_get_back_in_while_sixty_writers_keep_every_slot_taken(
     finally:
         stop.set()
         for thread in threads:
-            thread.join(30)
+            thread.join(WAIT_SECONDS)
         for held in hogs:
             held.close()

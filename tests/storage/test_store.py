@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.storage.store import Store
+from tests.conftest import (
+    WAIT_SECONDS,
+)
 
 NORMAL, FULL = 1, 2
 
@@ -63,18 +66,18 @@ def test_close_waits_for_a_connection_another_thread_still_uses(
     def reader() -> None:
         with store._db.connection_context():
             holding.set()
-            release.wait(10)
+            release.wait(WAIT_SECONDS)
             seen.append(store._db.execute_sql("SELECT 1").fetchone()[0])
 
     thread = threading.Thread(target=reader)
     thread.start()
-    assert holding.wait(10)
+    assert holding.wait(WAIT_SECONDS)
     closer = threading.Thread(target=store.close)
     closer.start()
     closer.join(0.3)
     assert closer.is_alive(), "close() did not wait for the connection in use"
     release.set()
-    thread.join(10)
-    closer.join(10)
+    thread.join(WAIT_SECONDS)
+    closer.join(WAIT_SECONDS)
     assert not closer.is_alive()
     assert seen == [1]
