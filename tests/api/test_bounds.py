@@ -18,6 +18,7 @@ from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.api.bounds import ACCEPT_BURST, HEALTH_CONNECTIONS, connection_caps
 from sidecar.config.settings import ServerSettings
+from tests.api.test_mcp_http import ACCEPT, INITIALIZE
 from tests.conftest import START_SECONDS, MakeSidecar, Running, eventually, spawn_daemon
 
 pytest.importorskip("mcp.server")
@@ -26,17 +27,6 @@ pytest.importorskip("mcp.server")
 LIMIT = 1024
 # More half-open connections than the daemon has descriptors.
 FLOOD = 1100
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"},
-    },
-}
-ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 # A request line and part of the headers, never finished.
 PARTIAL_HEADERS = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-"
 
