@@ -33,6 +33,7 @@ from mcp import Client, StdioServerParameters
 from sidecar.api.access import parse_tokens
 from sidecar.config import settings
 from sidecar.ops import cli
+from tests.api.test_mcp_http import ACCEPT, INITIALIZE
 from tests.conftest import (
     CALL_SECONDS,
     ROOT,
@@ -368,24 +369,10 @@ def initialize_as_the_http_entry(port: int) -> None:
     (its URL on `port` instead of 8765; no token: the daemon checks none)."""
     entry = http_entry()
     headers = {k: v for k, v in entry["headers"].items() if k != "Authorization"}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "readme", "version": "0"},
-        },
-    }
     request = urllib.request.Request(
         entry["url"].replace(":8765/", f":{port}/"),
-        data=json.dumps(initialize).encode(),
-        headers={
-            **headers,
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-        },
+        data=json.dumps(INITIALIZE).encode(),
+        headers={**headers, **ACCEPT},
     )
     with urllib.request.urlopen(request, timeout=CALL_SECONDS) as response:
         body = response.read().decode()

@@ -15,6 +15,7 @@ import pytest
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.auth_log import AuthLog
 from tests.api.test_access import TOKEN, token_file, with_token  # noqa: F401 (a fixture)
+from tests.api.test_mcp_http import ACCEPT, INITIALIZE
 from tests.conftest import (
     CALL_SECONDS,
     Clock,
@@ -85,24 +86,10 @@ def test_refused_grpc_calls_are_logged_without_the_token(
 
 def post_initialize(url: str, token: str) -> int:
     """An MCP initialize with `token` as its bearer: the HTTP status."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"},
-        },
-    }
     request = urllib.request.Request(
         url,
-        data=json.dumps(body).encode(),
-        headers={
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-        },
+        data=json.dumps(INITIALIZE).encode(),
+        headers={"Authorization": f"Bearer {token}", **ACCEPT},
     )
     try:
         with urllib.request.urlopen(request, timeout=CALL_SECONDS) as response:
