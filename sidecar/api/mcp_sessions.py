@@ -191,9 +191,7 @@ class SessionTable:
     def idle(self) -> list[str]:
         """The sessions with nothing in flight for the idle timeout."""
         since = self._clock() - self.caps.idle_seconds
-        return [
-            sid for sid, s in self._open.items() if not s.in_flight and s.idle_since <= since
-        ]
+        return [sid for sid, s in self._open.items() if not s.in_flight and s.idle_since <= since]
 
     def _refusal(self, tenant: Tenant, limit: Limit) -> ResourceExhausted:
         cap, whose = {

@@ -177,9 +177,7 @@ def test_an_idle_session_is_closed_and_its_runtime_session_ended(
         lambda: exposed(running, "memory_snapshot_invalidations_total", ended) > before,
         "the idle session's runtime session to end",
     )
-    eventually(
-        lambda: open_session(running).status_code == 200, "the idle session's slot to free"
-    )
+    eventually(lambda: open_session(running).status_code == 200, "the idle session's slot to free")
     assert _read_block(running, session) == 404
 
 
