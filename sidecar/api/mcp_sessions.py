@@ -12,7 +12,7 @@ caps, smallest first:
   as the SDK keeps a session to both.
 - `server.mcp_max_sessions_per_token` (256): per token, all its scopes
   together, so a token granted every scope cannot fill the listener either.
-- `server.mcp_max_sessions` (4096): all sessions; the SDK's own cap is set to
+- `server.mcp_max_sessions` (2048): all sessions; the SDK's own cap is set to
   it, so its 503 is never reached first.
 
 The token is told apart by its SHA-256 digest, as the SDK keeps a session to
@@ -35,9 +35,11 @@ What a session holds, and its bound: the SDK's transport and the task that
 serves it, memory streams of no buffer between them, a stream of at most 16
 messages per request in flight (a connection serves one request at a time,
 and connections are capped: sidecar.api.bounds), no event store (nothing is
-kept for replay), and here one `_Open` entry. About 10 KiB in all (measured:
-docs/SECURITY.md). Its runtime session (a frozen snapshot) is bounded by
-`max_sessions` and `max_sessions_total` (sidecar.domain.sessions).
+kept for replay), and here one `_Open` entry: about 40 KB in all, the same
+for every session (`make bench`, section 25), so the caps bound the memory:
+2.5 MB per tenant, 10 MB per token, 80 MB in all by default. Its runtime
+session (a frozen snapshot) is bounded by `max_sessions` and
+`max_sessions_total` (sidecar.domain.sessions).
 
 Owns: the session table (tenant, in-flight requests, idle since), admission,
 the idle sweep. Must not touch: the gate's checks (sidecar.api.mcp_http), what

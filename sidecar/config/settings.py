@@ -138,7 +138,7 @@ class ServerSettings:
     # all; one idle this long is closed (sidecar.api.mcp_sessions).
     mcp_max_sessions_per_tenant: int = 64
     mcp_max_sessions_per_token: int = 256
-    mcp_max_sessions: int = 4096
+    mcp_max_sessions: int = 2048
     mcp_session_idle_minutes: float = 30.0
     grace_seconds: float = 10.0
     # How long a start waits for a database it cannot reach yet (retrying
