@@ -195,6 +195,16 @@ class SessionTable:
         since = self._clock() - self.caps.idle_seconds
         return [sid for sid, s in self._open.items() if not s.in_flight and s.idle_since <= since]
 
+    def close_idle(self, session_id: str) -> _Open | None:
+        """`close` the session if it is idle still (a request may have come
+        for it since `idle` listed it), else leave it open."""
+        found = self._open.get(session_id)
+        if found is None or found.in_flight:
+            return None
+        if found.idle_since > self._clock() - self.caps.idle_seconds:
+            return None
+        return self.close(session_id)
+
     def _refusal(self, tenant: Tenant, limit: Limit) -> ResourceExhausted:
         cap, whose = {
             "tenant": (self.caps.per_tenant, "this token holds in this scope"),
@@ -317,23 +327,30 @@ class SessionCaps:
             await self._ended(session_id, session)
 
     async def _ended(self, session_id: str, session: _Open) -> None:
-        if session.ends_runtime:
+        """End the runtime session of an MCP session that ended without a
+        DELETE of its client's (whose own end the gate sees to)."""
+        if not session.ends_runtime:
+            return
+        try:
             await anyio.to_thread.run_sync(self._end_runtime, session.tenant.scope, session_id)
+        except Exception:  # its snapshot goes with the least recently used then
+            log.exception("ending the runtime session of MCP session %s failed", session_id)
 
     async def expire(self, endpoint: ASGIApp, host: str) -> int:
         """Close the sessions idle for the timeout: the SDK's transport by a
         DELETE through `endpoint` (Host: `host`), then the runtime session."""
-        expired = self.table.idle()
-        for session_id in expired:
-            session = self.table.close(session_id)
+        closed = 0
+        for session_id in self.table.idle():
+            # Each DELETE awaits: the next session is checked again when its turn comes.
+            session = self.table.close_idle(session_id)
             if session is None:
                 continue
+            closed += 1
+            self._count(len(self.table))
             await _delete(endpoint, host, session_id, session.principal)
             await self._ended(session_id, session)
             log.info("closed MCP session %s: idle for server.mcp_session_idle_minutes", session_id)
-        if expired:
-            self._count(len(self.table))
-        return len(expired)
+        return closed
 
     async def sweep(self, endpoint: ASGIApp, host: str) -> None:
         """Expire idle sessions for as long as the listener runs."""

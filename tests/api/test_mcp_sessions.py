@@ -199,5 +199,11 @@ def test_the_table_counts_idleness_from_the_last_request_in_flight() -> None:
     now[0] = 180.0
     assert table.idle() == ["s"]
     assert table.admit(ada) is not None
-    table.close("s")
+    # A request that came after the sweep listed it keeps it open.
+    table.begin(session)
+    assert table.close_idle("s") is None
+    table.end(session)
+    assert table.close_idle("s") is None  # idle again from now
+    now[0] = 240.0
+    assert table.close_idle("s") is session
     assert table.admit(ada) is None
