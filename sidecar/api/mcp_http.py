@@ -22,7 +22,10 @@ Every HTTP request is bound before the SDK sees it (`_Gate`):
 - The runtime session (InjectForTurn's session_id) is `X-Memory-Session-Id`
   when sent, else the MCP session (`Mcp-Session-Id`), else `mcp`: a
   2026-07-28 client has no MCP session, and shares one per scope. Ending
-  an MCP session (DELETE) ends its runtime session.
+  an MCP session (DELETE, or idle: sidecar.api.mcp_sessions) ends its
+  runtime session.
+- Opening an MCP session is admitted against the caps per token and scope,
+  per token and in all (sidecar.api.mcp_sessions): 429 beyond them.
 
 An MCP session stays with the token and the scope that opened it: the SDK
 answers 404 to a request for it that presents another (its session owner is
@@ -68,6 +71,7 @@ from sidecar.api import mcp_server
 from sidecar.api.access import ANY, Grant, authorize, bearer_token, granted
 from sidecar.api.auth_log import AuthLog
 from sidecar.api.bounds import ACCEPT_BURST, bounded_protocol, connection_caps, refusals
+from sidecar.api.mcp_sessions import TENANT, Caps, SessionCaps, SessionTable, Tenant
 from sidecar.config.settings import Config, is_loopback
 from sidecar.core.errors import (
     InvalidArgument,
@@ -98,7 +102,13 @@ MCP_SESSION_HEADER = "mcp-session-id"
 DEFAULT_SESSION = "mcp"
 # Where the gate leaves a request's Binding in the ASGI scope.
 _BINDING = "memory_sidecar.binding"
-_STATUS = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "UNAVAILABLE": 503}
+_STATUS = {
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    # A tenant at its cap on MCP sessions (sidecar.api.mcp_sessions).
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+}
 # How long start() waits for the thread to serve, at most.
 START_TIMEOUT_SECONDS = 30.0
 
@@ -252,6 +262,7 @@ class _Gate:
             await _refusal(exc)(scope, receive, send)
             return
         scope[_BINDING] = binding
+        scope[TENANT] = Tenant(digest, binding.scope)
         # The SDK keeps an MCP session to the principal that opened it.
         scope["user"] = _principal(binding.scope.agent_id, binding.scope.user_id, digest)
         ends = (
@@ -318,6 +329,10 @@ class McpListener:
         self._refused = refusal
         self._calls = metrics.mcp_tool_calls
         self._http_refused = refusals(metrics, "mcp")
+        self._sessions_refused = metrics.mcp_sessions_refused
+        self._sessions_open = metrics.mcp_sessions_open
+        # The session table and its middleware, once start() built the app.
+        self.sessions: SessionCaps | None = None
         self._end_session = end_session
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -326,6 +341,12 @@ class McpListener:
 
     def _app(self, port: int) -> ASGIApp:
         server = self._config.server
+        caps = Caps(
+            per_tenant=server.mcp_max_sessions_per_tenant,
+            per_token=server.mcp_max_sessions_per_token,
+            total=server.mcp_max_sessions,
+            idle_seconds=server.mcp_session_idle_minutes * 60,
+        )
         manager = StreamableHTTPSessionManager(
             app=self._mcp_server(),
             security_settings=self._security(port),
@@ -334,21 +355,36 @@ class McpListener:
             # server sends nothing before its answer, and an SSE stream per
             # call costs more than the call (make bench, section 17).
             json_response=True,
+            # The caps in front (SessionCaps) refuse first, per tenant; the
+            # SDK's own are a backstop (its timer sees the same idleness).
+            max_sessions=caps.total,
+            session_idle_timeout=caps.idle_seconds * 2,
         )
+        endpoint = StreamableHTTPASGIApp(manager)
+        # The sweep's DELETE passes the SDK's Host check as a client's would.
+        host = f"127.0.0.1:{port}"
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with manager.run():
+            async with manager.run(), anyio.create_task_group() as tasks:
+                tasks.start_soon(sessions.sweep, endpoint, host)
                 self._ready.set()
                 yield
+                tasks.cancel_scope.cancel()
 
         def end(binding: Binding) -> None:
             self._end_session(binding.scope, binding.session_id)
 
-        app = Starlette(
-            routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan
+        app = Starlette(routes=[Route(PATH, endpoint=endpoint)], lifespan=lifespan)
+        sessions = self.sessions = SessionCaps(
+            app,
+            SessionTable(caps),
+            refuse=lambda scope, receive, send, exc: _refusal(exc)(scope, receive, send),
+            refused=lambda limit: self._sessions_refused.labels(limit).inc(),
+            end_runtime=self._end_session,
+            opened=self._sessions_open.set,
         )
-        return _Gate(app, self._auth, server.limits(), end, self._refused, self._auth_log)
+        return _Gate(sessions, self._auth, server.limits(), end, self._refused, self._auth_log)
 
     def _mcp_server(self) -> Server[Any]:
         """sidecar.api.mcp_server over the tools, its engine calls on worker

@@ -55,6 +55,12 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "health_listen": _address,
     "metrics_listen": _address,
     "mcp_listen": _http_address,
+    # Below the SDK's own table (10,000), which answers every token alike.
+    "mcp_max_sessions": _between(1, 10_000),
+    "mcp_max_sessions_per_token": _at_least(1),
+    "mcp_max_sessions_per_tenant": _at_least(1),
+    # A week at most; fractions for tests and short-lived clients.
+    "mcp_session_idle_minutes": _between(0.01, 10_080),
     "http_request_timeout_seconds": _between(0.1, 3600),
     "http_max_connections": _at_least(0),
     "grace_seconds": _at_least(0),
@@ -121,3 +127,19 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     ),
     "db_pool_idle_seconds": _between(0.1, 86_400),
 }
+
+
+def mcp_session_caps(per_tenant: int, per_token: int, total: int) -> tuple[str, str] | None:
+    """The key and the problem when the MCP session caps do not nest (a
+    tenant within its token, a token within the whole listener)."""
+    if per_tenant > per_token:
+        return (
+            "server.mcp_max_sessions_per_tenant",
+            f"{per_tenant} is more than mcp_max_sessions_per_token ({per_token})",
+        )
+    if per_token > total:
+        return (
+            "server.mcp_max_sessions_per_token",
+            f"{per_token} is more than mcp_max_sessions ({total})",
+        )
+    return None

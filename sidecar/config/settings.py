@@ -41,7 +41,7 @@ import yaml
 
 from sidecar.config.extras import installed as _installed
 from sidecar.config.extras import mcp_extra_hint
-from sidecar.config.rules import CHECKS
+from sidecar.config.rules import CHECKS, mcp_session_caps
 from sidecar.core.errors import ConfigError
 from sidecar.core.limits import Limits
 from sidecar.core.memory import Tier
@@ -134,6 +134,12 @@ class ServerSettings:
     # HOST:PORT; off when empty. Loopback only, unless a token is required,
     # as for listen (sidecar.api.mcp_http).
     mcp_listen: str = ""
+    # Its MCP sessions open at once, per token and scope, per token, and in
+    # all; one idle this long is closed (sidecar.api.mcp_sessions).
+    mcp_max_sessions_per_tenant: int = 64
+    mcp_max_sessions_per_token: int = 256
+    mcp_max_sessions: int = 2048
+    mcp_session_idle_minutes: float = 30.0
     grace_seconds: float = 10.0
     # How long a start waits for a database it cannot reach yet (retrying
     # with back-off, health NOT_SERVING meanwhile) before it exits with
@@ -416,6 +422,9 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
                 "(--auth-token-file), auth_tokens_file (--auth-tokens-file) or, "
                 "knowingly, insecure (--insecure)",
             )
+    caps = (server.mcp_max_sessions_per_tenant, server.mcp_max_sessions_per_token)
+    if (problem := mcp_session_caps(*caps, server.mcp_max_sessions)) is not None:
+        raise ConfigError(*problem)
     if server.mcp_listen and not _installed("mcp.server"):
         raise ConfigError("server.mcp_listen", f"the MCP server needs {mcp_extra_hint()}")
     return server

@@ -242,6 +242,19 @@ class Metrics:
             ["listener", "reason"],
             registry=r,
         )
+        self.mcp_sessions_refused = Counter(
+            "memory_mcp_sessions_refused",
+            "MCP sessions not opened (429, MCP_SESSIONS_EXHAUSTED), by the cap that was full: "
+            "tenant (server.mcp_max_sessions_per_tenant: a token and scope), token "
+            "(mcp_max_sessions_per_token) or total (mcp_max_sessions).",
+            ["limit"],
+            registry=r,
+        )
+        self.mcp_sessions_open = Gauge(
+            "memory_mcp_sessions_open", "MCP sessions open on server.mcp_listen.", registry=r
+        )
+        for limit in ("tenant", "token", "total"):
+            self.mcp_sessions_refused.labels(limit)
         for listener in ("mcp", "metrics"):
             for reason in ("full", "slow"):
                 self.http_refused.labels(listener, reason)
