@@ -184,6 +184,18 @@ def test_the_committed_stubs_are_what_protoc_generates(tmp_path: Path) -> None:
         )
 
 
+def test_the_client_readmes_example_is_the_one_go_test_compiles() -> None:
+    readme = (CLIENT / "README.md").read_text()
+    block = re.search(r"```go\n(.*?)```", readme, flags=re.DOTALL)
+    assert block is not None, "no go block in clients/go/README.md"
+    compiled = (CLIENT / "memory" / "example_test.go").read_text()
+    lines = [line.strip() for line in compiled.splitlines()]
+    at = 0
+    for line in filter(None, (line.strip() for line in block[1].splitlines())):
+        assert line in lines[at:], f"example_test.go lacks (in order) {line!r}"
+        at = lines.index(line, at) + 1
+
+
 def test_the_go_client_is_gofmt_clean() -> None:
     gofmt = require_tool(shutil.which("gofmt"), "gofmt (Debian's golang-go package)")
     result = subprocess.run(

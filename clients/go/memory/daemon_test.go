@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +28,7 @@ import (
 // that only runs out when something is broken, never a timing claim.
 const callBound = 60 * time.Second
 
-func daemonAddress(t *testing.T) string {
+func daemonAddress(t testing.TB) string {
 	address := os.Getenv("MEMORY_SIDECAR_ADDRESS")
 	if address == "" {
 		t.Skip("MEMORY_SIDECAR_ADDRESS is not set: tests/clients/test_go_client.py starts a daemon and sets it")
@@ -87,12 +88,12 @@ func (p *cutProxy) cuts(t *testing.T) int {
 }
 
 // freshScope is a scope no other test (or earlier run) wrote to.
-func freshScope(t *testing.T) Scope {
+func freshScope(t testing.TB) Scope {
 	suffix := strings.ReplaceAll(t.Name(), "/", "-") + "-" + newUUID()[:8]
 	return Scope{AgentID: "go-" + suffix, UserID: "go-" + suffix}
 }
 
-func dial(t *testing.T, target string, s Scope, opts ...Option) *Client {
+func dial(t testing.TB, target string, s Scope, opts ...Option) *Client {
 	t.Helper()
 	c, err := Dial(context.Background(), target, s, opts...)
 	if err != nil {
@@ -368,4 +369,49 @@ func TestDaemonTheTurnLoop(t *testing.T) {
 	if err != nil || !strings.Contains(string(claude[0]), "memory_20250818") {
 		t.Fatalf("anthropic tools: %v %s", err, claude)
 	}
+}
+
+// BenchmarkDaemonTurnOverhead is what the client adds to a cached
+// InjectForTurn (a copy of the request, the deadline, the retry loop) over
+// the raw stub on the same connection, with a deadline of its own; run it
+// with -bench against a daemon. p50-ratio is client p50 / stub p50.
+func BenchmarkDaemonTurnOverhead(b *testing.B) {
+	c := dial(b, daemonAddress(b), freshScope(b))
+	ctx := context.Background()
+	if _, err := c.AddMemory(ctx, &memoryv1.AddMemoryRequest{Content: "The deploy script lives in ops/deploy.sh"}); err != nil {
+		b.Fatal(err)
+	}
+	req := &memoryv1.InjectForTurnRequest{Scope: c.scope.proto(), SessionId: "bench", UserMessage: "deploy?"}
+	raw := func() error {
+		ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+		_, err := c.Stub().InjectForTurn(ctx, req)
+		return err
+	}
+	if err := raw(); err != nil { // the session's snapshot: every call after hits it
+		b.Fatal(err)
+	}
+	client := make([]time.Duration, 0, b.N)
+	stub := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := c.Turn(ctx, "bench", "deploy?"); err != nil {
+			b.Fatal(err)
+		}
+		client = append(client, time.Since(start))
+		start = time.Now()
+		if err := raw(); err != nil {
+			b.Fatal(err)
+		}
+		stub = append(stub, time.Since(start))
+	}
+	b.StopTimer()
+	p50 := func(samples []time.Duration) float64 {
+		sort.Slice(samples, func(i, j int) bool { return samples[i] < samples[j] })
+		return float64(samples[len(samples)/2].Microseconds())
+	}
+	b.ReportMetric(p50(client), "client-p50-us")
+	b.ReportMetric(p50(stub), "stub-p50-us")
+	b.ReportMetric(p50(client)/p50(stub), "p50-ratio")
 }
