@@ -1,5 +1,7 @@
-"""The contract from Go: the README's commands generate stubs, build the Go
-example offline against Debian's Go sources, and run it against a real daemon."""
+"""The contract from Go with the raw stubs: examples/go/README.md's commands
+generate stubs, build the Go example offline against Debian's Go sources, and
+run it against a real daemon (the Go client, clients/go, has its own tests in
+tests/clients/test_go_client.py)."""
 
 from __future__ import annotations
 
@@ -62,10 +64,10 @@ def _go_build_cache(env: dict[str, str]) -> str | None:
 
 
 def _readme_go_commands() -> str:
-    readme = (ROOT / "README.md").read_text()
-    go_section = readme[readme.index("- **Go**:") :]
-    block = re.search(r"```sh\n(.*?)```", go_section, flags=re.DOTALL)
-    assert block is not None, "no sh block in the README's Go section"
+    readme = (EXAMPLE / "README.md").read_text()
+    offline = readme[readme.index("## Offline, with Debian 12's packages") :]
+    block = re.search(r"```sh\n(.*?)```", offline, flags=re.DOTALL)
+    assert block is not None, "no sh block in examples/go/README.md's offline section"
     return textwrap.dedent(block[1])
 
 

@@ -80,8 +80,8 @@ CLAIMS = {
     "make run    #": "test_make_run_serves_as_written (make test: CI runs it, .ci/run)",
     'make run ARGS="': "test_make_run_serves_as_written",
     "import grpc": "tests/test_docs.py::test_readme_client_example_runs",
-    "work=$(mktemp -d)": (
-        "tests/test_go_client.py::test_go_client_adds_turns_reads_error_details_and_ends"
+    "./examples/agentloop": (
+        "tests/clients/test_go_client.py::test_the_agent_loop_runs_as_the_readme_builds_it"
     ),
     "memory-sidecar serve --mcp-listen": "test_mcp_listen_example_serves_mcp",
     '"type": "http"': "test_mcp_listen_example_serves_mcp",
