@@ -1,0 +1,63 @@
+"""The Python client (clients/python) against a real daemon on SQLite: its
+own suite, run as its users run it (the installed package, not the source
+tree, and never the server package), and its worked agent loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tests.clients.cut_proxy import cut_proxy
+from tests.conftest import CALL_SECONDS, ROOT, START_SECONDS, Running
+
+CLIENT = ROOT / "clients" / "python"
+
+
+def client_environment(**extra: str) -> dict[str, str]:
+    """The environment of a client process: no PYTHONPATH (the client must
+    be installed: `make test` installs it into the venv) and none of the
+    developer's MEMORY_SIDECAR_* settings."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "PYTHONPATH" and not key.startswith("MEMORY_SIDECAR_")
+    }
+    env["MEMORY_SIDECAR_CALL_SECONDS"] = str(CALL_SECONDS)
+    return {**env, **extra}
+
+
+def test_the_clients_own_suite_passes_against_a_daemon(sidecar: Running) -> None:
+    with cut_proxy(sidecar.addresses.api) as proxy:
+        env = client_environment(MEMORY_SIDECAR_ADDRESS=sidecar.addresses.api, **proxy.environment())
+        result = subprocess.run(
+            # The client's own pytest configuration (clients/python/pyproject.toml);
+            # no cache directory written into the source tree.
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+            cwd=CLIENT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=START_SECONDS,
+            check=False,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout.strip().splitlines()[-1]
+    # Every test ran: none skipped for want of the daemon or the proxy.
+    assert re.fullmatch(r"\d+ passed in .*", summary), result.stdout
+
+
+def test_the_worked_agent_loop_runs_against_a_daemon(sidecar: Running) -> None:
+    result = subprocess.run(
+        [sys.executable, str(CLIENT / "examples" / "agent_loop.py"), sidecar.addresses.api],
+        env=client_environment(),
+        capture_output=True,
+        text=True,
+        timeout=START_SECONDS,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    steps = [json.loads(line) for line in result.stdout.splitlines()]
+    assert steps
