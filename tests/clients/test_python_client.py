@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.clients.cut_proxy import cut_proxy
 from tests.conftest import CALL_SECONDS, ROOT, START_SECONDS, Running
 
@@ -31,7 +32,9 @@ def client_environment(**extra: str) -> dict[str, str]:
 
 def test_the_clients_own_suite_passes_against_a_daemon(sidecar: Running) -> None:
     with cut_proxy(sidecar.addresses.api) as proxy:
-        env = client_environment(MEMORY_SIDECAR_ADDRESS=sidecar.addresses.api, **proxy.environment())
+        env = client_environment(
+            MEMORY_SIDECAR_ADDRESS=sidecar.addresses.api, **proxy.environment()
+        )
         result = subprocess.run(
             # The client's own pytest configuration (clients/python/pyproject.toml);
             # no cache directory written into the source tree.
@@ -60,4 +63,25 @@ def test_the_worked_agent_loop_runs_against_a_daemon(sidecar: Running) -> None:
     )
     assert result.returncode == 0, result.stderr
     steps = [json.loads(line) for line in result.stdout.splitlines()]
-    assert steps
+    assert [s["step"] for s in steps] == [
+        "tools",
+        "turn",
+        "tool",
+        "tool",
+        "answer",
+        "compaction",
+        "turn",
+        "answer",
+        "end",
+    ]
+    assert steps[0]["names"] == ["memory", "memory_search", "memory_list"]
+    # The model's tool calls wrote both tiers, and the next turn's frozen
+    # block (after the compaction) shows them; the model answers from it.
+    assert [s["is_error"] for s in steps[2:4]] == [False, False]
+    assert steps[5]["invalidated"]
+    assert "The repo uses uv, not pip" in steps[6]["system_block"]
+    assert "Name: Ada" in steps[6]["system_block"]
+    assert steps[7]["text"] == "From memory: The repo uses uv, not pip"
+    assert steps[8]["dropped"]
+    stored = sidecar.list(scope=pb.Scope(agent_id="loop-agent", user_id="ada"))
+    assert sorted(m.content for m in stored.memories) == ["Name: Ada", "The repo uses uv, not pip"]

@@ -8,7 +8,6 @@ import socket
 from typing import Any
 
 import pytest
-
 from memory_sidecar_client import AsyncClient
 
 # A bound on every wait (the caller scales it on slow machines); never a
@@ -52,6 +51,4 @@ class Cuts:
 def async_client(target: str, scope: tuple[str, str], **options: Any) -> AsyncClient:
     """An AsyncClient for a test's coroutine (each test runs its own event
     loop with asyncio.run: no plugin needed)."""
-    return AsyncClient(
-        target, agent_id=scope[0], user_id=scope[1], timeout=CALL_SECONDS, **options
-    )
+    return AsyncClient(target, agent_id=scope[0], user_id=scope[1], timeout=CALL_SECONDS, **options)

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import pytest
 from client_testing import CALL_SECONDS, Cuts, environment
-
 from memory_sidecar_client import Client
 
 

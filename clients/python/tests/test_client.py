@@ -13,11 +13,10 @@ from typing import Any
 import grpc
 import pytest
 from client_testing import CALL_SECONDS, Cuts
-
 from memory_sidecar_client import BudgetExceeded, Client, SidecarError, pb
 
 
-class Recorder(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class Recorder(grpc.UnaryUnaryClientInterceptor):
     """Every unary request the client sends, by method."""
 
     def __init__(self) -> None:
@@ -83,9 +82,12 @@ def test_reads_carry_the_highest_generation_written(address: str, scope: tuple[s
 def test_read_your_writes_can_be_turned_off(address: str, scope: tuple[str, str]) -> None:
     recorder = Recorder()
     channel = grpc.intercept_channel(grpc.insecure_channel(address), recorder)
-    with channel, Client(
-        channel=channel, agent_id=scope[0], user_id=scope[1], read_your_writes=False
-    ) as client:
+    with (
+        channel,
+        Client(
+            channel=channel, agent_id=scope[0], user_id=scope[1], read_your_writes=False
+        ) as client,
+    ):
         client.add_memory("uses uv")
         client.get_memories()
     (request,) = recorder.sent("GetMemories")
@@ -126,7 +128,9 @@ def test_iterators_follow_every_page(client: Client) -> None:
         f"note {n} about deploys" for n in range(5)
     ]
     hits = list(client.search_hits("deploys", page_size=2))
-    assert sorted(hit.memory.content for hit in hits) == [f"note {n} about deploys" for n in range(5)]
+    assert sorted(hit.memory.content for hit in hits) == [
+        f"note {n} about deploys" for n in range(5)
+    ]
 
 
 def exported(batches: list[pb.ExportMemoriesResponse]) -> list[str]:
@@ -209,7 +213,9 @@ def test_tools_in_both_shapes_and_their_calls(client: Client) -> None:
     viewed = client.call_tool("s1", "memory", '{"command": "view", "path": "/memories/notes.md"}')
     assert not viewed.is_error
     assert "uses uv" in viewed.text
-    wrong = client.call_tool("s1", "memory", {"action": "replace", "old_text": "pip", "new_text": "x"})
+    wrong = client.call_tool(
+        "s1", "memory", {"action": "replace", "old_text": "pip", "new_text": "x"}
+    )
     assert wrong.is_error
     assert wrong.structured
 

@@ -97,7 +97,7 @@ class Core:
     def add(
         self,
         content: str,
-        tier: pb.Tier.ValueType,
+        tier: pb.Tier,
         category: str,
         confidence: float | None,
         idempotency_key: str | None,
@@ -120,7 +120,9 @@ class Core:
             request.expires_at.FromDatetime(expires_at)
         return request
 
-    def update(self, fields: Mapping[str, Any], expires_at: datetime | None) -> pb.UpdateMemoryRequest:
+    def update(
+        self, fields: Mapping[str, Any], expires_at: datetime | None
+    ) -> pb.UpdateMemoryRequest:
         request = pb.UpdateMemoryRequest(
             scope=self.scope, **{k: v for k, v in fields.items() if v is not None}
         )
@@ -128,12 +130,12 @@ class Core:
             request.expires_at.FromDatetime(expires_at)
         return request
 
-    def delete(self, memory_id: str, match: str, tier: pb.Tier.ValueType) -> pb.DeleteMemoryRequest:
+    def delete(self, memory_id: str, match: str, tier: pb.Tier) -> pb.DeleteMemoryRequest:
         return pb.DeleteMemoryRequest(scope=self.scope, id=memory_id, match=match, tier=tier)
 
     def get(
         self,
-        tier: pb.Tier.ValueType,
+        tier: pb.Tier,
         category: str,
         page_size: int,
         page_token: str,
@@ -152,7 +154,7 @@ class Core:
     def search(
         self,
         query: str,
-        tier: pb.Tier.ValueType,
+        tier: pb.Tier,
         category: str,
         limit: int,
         match_all: bool,

@@ -45,7 +45,13 @@ def _messages() -> tuple[Any, Any]:
         [
             _field("code", 1, _F.TYPE_INT32),
             _field("message", 2, _F.TYPE_STRING),
-            _field("details", 3, _F.TYPE_MESSAGE, repeated=True, type_name=".memory_sidecar_client.Detail"),
+            _field(
+                "details",
+                3,
+                _F.TYPE_MESSAGE,
+                repeated=True,
+                type_name=".memory_sidecar_client.Detail",
+            ),
         ]
     )
     info = file.message_type.add(name="ErrorInfo")
@@ -69,14 +75,18 @@ def _messages() -> tuple[Any, Any]:
     pool.Add(file)
     return (
         message_factory.GetMessageClass(pool.FindMessageTypeByName("memory_sidecar_client.Status")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("memory_sidecar_client.ErrorInfo")),
+        message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("memory_sidecar_client.ErrorInfo")
+        ),
     )
 
 
 _Status, _ErrorInfo = _messages()
 
 
-def error_info(trailers: Iterable[tuple[str, str | bytes]] | None) -> tuple[str, str, dict[str, str]]:
+def error_info(
+    trailers: Iterable[tuple[str, str | bytes]] | None,
+) -> tuple[str, str, dict[str, str]]:
     """(reason, domain, metadata) of the first ErrorInfo in the trailers;
     empty when there is none (a cut connection, a proxy's answer)."""
     for key, value in trailers or ():

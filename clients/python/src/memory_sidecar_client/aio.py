@@ -7,7 +7,7 @@ from the same modules as the sync client's; only sending and waiting differ.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -105,7 +105,7 @@ class AsyncClient:
         self,
         content: str,
         *,
-        tier: pb.Tier.ValueType = _MEMORY,
+        tier: pb.Tier = _MEMORY,
         category: str = "",
         confidence: float | None = None,
         idempotency_key: str | None = None,
@@ -118,16 +118,18 @@ class AsyncClient:
         request = self._core.add(
             content, tier, category, confidence, idempotency_key, ttl_seconds, expires_at
         )
-        response: pb.AddMemoryResponse = await self._call("AddMemory", request, Safety.IDEMPOTENT, timeout)
+        response: pb.AddMemoryResponse = await self._call(
+            "AddMemory", request, Safety.IDEMPOTENT, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     async def update_memory(
         self,
-        id: str = "",  # noqa: A002 - the proto's name for it
+        id: str = "",  # the proto names it so
         *,
         match: str = "",
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         content: str | None = None,
         category: str | None = None,
         confidence: float | None = None,
@@ -148,28 +150,32 @@ class AsyncClient:
             "clear_expiry": clear_expiry,
         }
         request = self._core.update(fields, expires_at)
-        response: pb.UpdateMemoryResponse = await self._call("UpdateMemory", request, Safety.WRITE, timeout)
+        response: pb.UpdateMemoryResponse = await self._call(
+            "UpdateMemory", request, Safety.WRITE, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     async def delete_memory(
         self,
-        id: str = "",  # noqa: A002 - the proto's name for it
+        id: str = "",  # the proto names it so
         *,
         match: str = "",
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         timeout: float | None = None,
     ) -> pb.DeleteMemoryResponse:
         """Remove the entry named by `id` or `match`."""
         request = self._core.delete(id, match, tier)
-        response: pb.DeleteMemoryResponse = await self._call("DeleteMemory", request, Safety.WRITE, timeout)
+        response: pb.DeleteMemoryResponse = await self._call(
+            "DeleteMemory", request, Safety.WRITE, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     async def get_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         page_size: int = 0,
         page_token: str = "",
@@ -178,22 +184,26 @@ class AsyncClient:
     ) -> pb.GetMemoriesResponse:
         """One page of entries, with each tier's usage."""
         request = self._core.get(tier, category, page_size, page_token, include_expired)
-        response: pb.GetMemoriesResponse = await self._call("GetMemories", request, Safety.READ, timeout)
+        response: pb.GetMemoriesResponse = await self._call(
+            "GetMemories", request, Safety.READ, timeout
+        )
         return response
 
     async def list_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         page_size: int = 0,
         include_expired: bool = False,
         timeout: float | None = None,
-    ) -> AsyncIterator[pb.Memory]:
+    ) -> AsyncGenerator[pb.Memory, None]:
         """Every entry, page after page (each page a call of its own)."""
         request = self._core.get(tier, category, page_size, "", include_expired)
         while True:
-            page: pb.GetMemoriesResponse = await self._call("GetMemories", request, Safety.READ, timeout)
+            page: pb.GetMemoriesResponse = await self._call(
+                "GetMemories", request, Safety.READ, timeout
+            )
             for memory in page.memories:
                 yield memory
             if not page.next_page_token:
@@ -204,7 +214,7 @@ class AsyncClient:
         self,
         query: str,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         limit: int = 0,
         match_all: bool = False,
@@ -223,13 +233,13 @@ class AsyncClient:
         self,
         query: str,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         limit: int = 0,
         match_all: bool = False,
         page_size: int = 0,
         timeout: float | None = None,
-    ) -> AsyncIterator[pb.SearchHit]:
+    ) -> AsyncGenerator[pb.SearchHit, None]:
         """Every hit (up to `limit`), page after page."""
         request = self._core.search(query, tier, category, limit, match_all, page_size, "")
         while True:
@@ -245,16 +255,20 @@ class AsyncClient:
     async def export_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         for_user: bool = False,
         batch_size: int = 0,
         cursor: str = "",
         timeout: float | None = None,
-    ) -> AsyncIterator[pb.ExportMemoriesResponse]:
+    ) -> AsyncGenerator[pb.ExportMemoriesResponse, None]:
         """The scope's entries as batches of JSONL lines; after a cut it
         resumes from the last batch's cursor, so no line comes twice."""
         request = pb.ExportMemoriesRequest(
-            scope=self._core.scope, tier=tier, for_user=for_user, batch_size=batch_size, cursor=cursor
+            scope=self._core.scope,
+            tier=tier,
+            for_user=for_user,
+            batch_size=batch_size,
+            cursor=cursor,
         )
         async for batch in self._stream("ExportMemories", ExportResume(request), timeout):
             yield batch
@@ -262,12 +276,12 @@ class AsyncClient:
     async def watch_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         after_generation: int = 0,
-        after_tier: pb.Tier.ValueType = _BOTH,
+        after_tier: pb.Tier = _BOTH,
         after_id: str = "",
         timeout: float | None = None,
-    ) -> AsyncIterator[pb.MemoryEvent]:
+    ) -> AsyncGenerator[pb.MemoryEvent, None]:
         """The scope's changes as they happen (from `after_generation` on;
         0: from now, after a SYNC event). After a cut it resumes after the
         last event yielded: none is missed or repeated."""
@@ -293,12 +307,14 @@ class AsyncClient:
             user_id=user_id,
             erase_agent_notes_written_for_user=erase_agent_notes_written_for_user,
         )
-        response: pb.ForgetUserResponse = await self._call("ForgetUser", request, Safety.IDEMPOTENT, timeout)
+        response: pb.ForgetUserResponse = await self._call(
+            "ForgetUser", request, Safety.IDEMPOTENT, timeout
+        )
         self._core.wrote(response.erasure.generation)
         return response
 
     async def delete_scope(
-        self, *, tier: pb.Tier.ValueType = _BOTH, timeout: float | None = None
+        self, *, tier: pb.Tier = _BOTH, timeout: float | None = None
     ) -> pb.DeleteScopeResponse:
         """Erase this scope's tiers, or one of them (a token granted `erase`)."""
         request = pb.DeleteScopeRequest(scope=self._core.scope, tier=tier)
@@ -332,12 +348,14 @@ class AsyncClient:
 
     async def list_tools(self, *, timeout: float | None = None) -> pb.ListToolsResponse:
         request = pb.ListToolsRequest(scope=self._core.scope)
-        response: pb.ListToolsResponse = await self._call("ListTools", request, Safety.READ, timeout)
+        response: pb.ListToolsResponse = await self._call(
+            "ListTools", request, Safety.READ, timeout
+        )
         return response
 
     async def tools(
         self,
-        format: ToolFormat = "openai",  # noqa: A002 - what the caller asks for
+        format: ToolFormat = "openai",
         *,
         claude_memory_tool: bool = True,
         timeout: float | None = None,
@@ -374,7 +392,9 @@ class AsyncClient:
         )
         return response
 
-    async def end_session(self, session: str, *, timeout: float | None = None) -> pb.EndSessionResponse:
+    async def end_session(
+        self, session: str, *, timeout: float | None = None
+    ) -> pb.EndSessionResponse:
         """The session ended: its snapshot is dropped."""
         request = pb.EndSessionRequest(session_id=session, scope=self._core.scope)
         response: pb.EndSessionResponse = await self._call(
@@ -411,7 +431,7 @@ class AsyncClient:
 
     async def _stream(
         self, method: str, resume: ExportResume | WatchResume, timeout: float | None
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """A server stream, opened again from its resume point after a cut
         (attempts count failures since the last message received)."""
         send = getattr(self._stub, method)

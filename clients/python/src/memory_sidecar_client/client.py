@@ -8,7 +8,7 @@ is the same over asyncio.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -106,7 +106,7 @@ class Client:
         self,
         content: str,
         *,
-        tier: pb.Tier.ValueType = _MEMORY,
+        tier: pb.Tier = _MEMORY,
         category: str = "",
         confidence: float | None = None,
         idempotency_key: str | None = None,
@@ -119,16 +119,18 @@ class Client:
         request = self._core.add(
             content, tier, category, confidence, idempotency_key, ttl_seconds, expires_at
         )
-        response: pb.AddMemoryResponse = self._call("AddMemory", request, Safety.IDEMPOTENT, timeout)
+        response: pb.AddMemoryResponse = self._call(
+            "AddMemory", request, Safety.IDEMPOTENT, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     def update_memory(
         self,
-        id: str = "",  # noqa: A002 - the proto's name for it
+        id: str = "",  # the proto names it so
         *,
         match: str = "",
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         content: str | None = None,
         category: str | None = None,
         confidence: float | None = None,
@@ -149,28 +151,32 @@ class Client:
             "clear_expiry": clear_expiry,
         }
         request = self._core.update(fields, expires_at)
-        response: pb.UpdateMemoryResponse = self._call("UpdateMemory", request, Safety.WRITE, timeout)
+        response: pb.UpdateMemoryResponse = self._call(
+            "UpdateMemory", request, Safety.WRITE, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     def delete_memory(
         self,
-        id: str = "",  # noqa: A002 - the proto's name for it
+        id: str = "",  # the proto names it so
         *,
         match: str = "",
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         timeout: float | None = None,
     ) -> pb.DeleteMemoryResponse:
         """Remove the entry named by `id` or `match`."""
         request = self._core.delete(id, match, tier)
-        response: pb.DeleteMemoryResponse = self._call("DeleteMemory", request, Safety.WRITE, timeout)
+        response: pb.DeleteMemoryResponse = self._call(
+            "DeleteMemory", request, Safety.WRITE, timeout
+        )
         self._core.wrote(response.generation)
         return response
 
     def get_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         page_size: int = 0,
         page_token: str = "",
@@ -185,12 +191,12 @@ class Client:
     def list_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         page_size: int = 0,
         include_expired: bool = False,
         timeout: float | None = None,
-    ) -> Iterator[pb.Memory]:
+    ) -> Generator[pb.Memory, None, None]:
         """Every entry, page after page (each page a call of its own)."""
         request = self._core.get(tier, category, page_size, "", include_expired)
         while True:
@@ -204,7 +210,7 @@ class Client:
         self,
         query: str,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         limit: int = 0,
         match_all: bool = False,
@@ -223,13 +229,13 @@ class Client:
         self,
         query: str,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         category: str = "",
         limit: int = 0,
         match_all: bool = False,
         page_size: int = 0,
         timeout: float | None = None,
-    ) -> Iterator[pb.SearchHit]:
+    ) -> Generator[pb.SearchHit, None, None]:
         """Every hit (up to `limit`), page after page."""
         request = self._core.search(query, tier, category, limit, match_all, page_size, "")
         while True:
@@ -244,28 +250,32 @@ class Client:
     def export_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         for_user: bool = False,
         batch_size: int = 0,
         cursor: str = "",
         timeout: float | None = None,
-    ) -> Iterator[pb.ExportMemoriesResponse]:
+    ) -> Generator[pb.ExportMemoriesResponse, None, None]:
         """The scope's entries as batches of JSONL lines; after a cut it
         resumes from the last batch's cursor, so no line comes twice."""
         request = pb.ExportMemoriesRequest(
-            scope=self._core.scope, tier=tier, for_user=for_user, batch_size=batch_size, cursor=cursor
+            scope=self._core.scope,
+            tier=tier,
+            for_user=for_user,
+            batch_size=batch_size,
+            cursor=cursor,
         )
         yield from self._stream("ExportMemories", ExportResume(request), timeout)
 
     def watch_memories(
         self,
         *,
-        tier: pb.Tier.ValueType = _BOTH,
+        tier: pb.Tier = _BOTH,
         after_generation: int = 0,
-        after_tier: pb.Tier.ValueType = _BOTH,
+        after_tier: pb.Tier = _BOTH,
         after_id: str = "",
         timeout: float | None = None,
-    ) -> Iterator[pb.MemoryEvent]:
+    ) -> Generator[pb.MemoryEvent, None, None]:
         """The scope's changes as they happen (from `after_generation` on;
         0: from now, after a SYNC event). After a cut it resumes after the
         last event yielded: none is missed or repeated."""
@@ -291,12 +301,14 @@ class Client:
             user_id=user_id,
             erase_agent_notes_written_for_user=erase_agent_notes_written_for_user,
         )
-        response: pb.ForgetUserResponse = self._call("ForgetUser", request, Safety.IDEMPOTENT, timeout)
+        response: pb.ForgetUserResponse = self._call(
+            "ForgetUser", request, Safety.IDEMPOTENT, timeout
+        )
         self._core.wrote(response.erasure.generation)
         return response
 
     def delete_scope(
-        self, *, tier: pb.Tier.ValueType = _BOTH, timeout: float | None = None
+        self, *, tier: pb.Tier = _BOTH, timeout: float | None = None
     ) -> pb.DeleteScopeResponse:
         """Erase this scope's tiers, or one of them (a token granted `erase`)."""
         request = pb.DeleteScopeRequest(scope=self._core.scope, tier=tier)
@@ -335,7 +347,7 @@ class Client:
 
     def tools(
         self,
-        format: ToolFormat = "openai",  # noqa: A002 - what the caller asks for
+        format: ToolFormat = "openai",
         *,
         claude_memory_tool: bool = True,
         timeout: float | None = None,
@@ -407,7 +419,7 @@ class Client:
 
     def _stream(
         self, method: str, resume: ExportResume | WatchResume, timeout: float | None
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         """A server stream, opened again from its resume point after a cut
         (attempts count failures since the last message received)."""
         send = getattr(self._stub, method)
