@@ -85,3 +85,26 @@ def test_the_worked_agent_loop_runs_against_a_daemon(sidecar: Running) -> None:
     assert steps[8]["dropped"]
     stored = sidecar.list(scope=pb.Scope(agent_id="loop-agent", user_id="ada"))
     assert sorted(m.content for m in stored.memories) == ["Name: Ada", "The repo uses uv, not pip"]
+
+
+def test_the_client_readme_example_runs(sidecar: Running) -> None:
+    readme = (CLIENT / "README.md").read_text()
+    (example,) = [
+        block
+        for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+        if 'with Client("127.0.0.1:50051"' in block
+    ]
+    code = example.replace("127.0.0.1:50051", sidecar.addresses.api)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=client_environment(),
+        capture_output=True,
+        text=True,
+        timeout=START_SECONDS,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [line.split(" ", 1)[1] for line in result.stdout.splitlines()] == [
+        "The repo uses uv, not pip",
+        "Ada prefers short answers",
+    ]

@@ -2,12 +2,10 @@
 the asyncio client (clients/README.md, "Retries").
 
 UNAVAILABLE is retried with exponential back-off and full jitter, whatever
-its reason. Reads, writes carrying an idempotency key and idempotent calls (an erasure,
-ending a session) retry as they are.
-A write without one (UpdateMemory, DeleteMemory, a writing CallTool) is
-retried only when the daemon itself said nothing was written (its
-DATABASE_BUSY and DATABASE_UNAVAILABLE answers): a cut connection may have
-cut off a write that committed.
+its reason. Reads, AddMemory (which always carries an idempotency key) and
+calls that are idempotent by themselves (an erasure, ending a session)
+retry as they are. A write without a key field (UpdateMemory, DeleteMemory,
+a writing CallTool) is never sent twice: once sent, it may have committed.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ import grpc
 
 from memory_sidecar_client.errors import SidecarError
 
-# UNAVAILABLE reasons whose answer says the write did not happen.
-NOTHING_WRITTEN = frozenset({"DATABASE_BUSY", "DATABASE_UNAVAILABLE"})
 # The tools (and the memory_20250818 command) that only read.
 READING_TOOLS = frozenset({"memory_search", "memory_list"})
 CLAUDE_MEMORY_TOOL = "memory_20250818"
@@ -73,9 +69,7 @@ class RetryPolicy:
 
 
 def retryable(error: SidecarError, safety: Safety) -> bool:
-    if error.code != grpc.StatusCode.UNAVAILABLE:
-        return False
-    return safety is not Safety.WRITE or error.reason in NOTHING_WRITTEN
+    return error.code == grpc.StatusCode.UNAVAILABLE and safety is not Safety.WRITE
 
 
 def tool_safety(name: str, arguments: Mapping[str, Any]) -> Safety:
