@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
+from email.parser import Parser
+from pathlib import Path
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.clients.cut_proxy import cut_proxy
@@ -108,3 +112,40 @@ def test_the_client_readme_example_runs(sidecar: Running) -> None:
         "The repo uses uv, not pip",
         "Ada prefers short answers",
     ]
+
+
+def test_the_wheel_carries_typed_stubs_and_needs_only_grpcio_and_protobuf(tmp_path: Path) -> None:
+    # Built from a copy, so that setuptools' build directory stays out of the
+    # source tree; with the setuptools the dev install has, as in test_proto.
+    source = tmp_path / "source"
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=START_SECONDS,
+    )
+    (wheel,) = tmp_path.glob("memory_sidecar_client-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = Parser().parsestr(archive.read(metadata).decode())
+    assert {
+        "memory_sidecar_client/py.typed",
+        "memory_sidecar_client/_proto/memory/v1/memory_pb2.py",
+        "memory_sidecar_client/_proto/memory/v1/memory_pb2.pyi",
+        "memory_sidecar_client/_proto/memory/v1/memory_pb2_grpc.py",
+    } <= names
+    assert not [n for n in names if n.startswith("sidecar/")]
+    assert sorted(headers.get_all("Requires-Dist") or []) == ["grpcio>=1.85.1", "protobuf>=7.35.1"]
