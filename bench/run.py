@@ -10,7 +10,8 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
-bench/agent_notes.py for 24, bench/mcp_sessions.py for 25),
+bench/agent_notes.py for 24, bench/mcp_sessions.py for 25, bench/client_overhead.py
+for 26),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from bench.agent_notes import bench_agent_notes
 from bench.big_tier_writes import bench_big_tier_writes
+from bench.client_overhead import bench_client_overhead
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
 from bench.expiry_sweep import bench_expiry_sweep
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 26))
+        only = set(args.only or range(1, 27))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -170,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     if 25 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_mcp_sessions(report, Path(tmp), 500 if quick else 4096)
+    if 26 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
+            bench_client_overhead(report, Path(tmp), corpus, 300 if quick else 3000)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -3,6 +3,11 @@
 The stubs are committed so that `pip install .` needs no protoc step;
 tests/test_proto.py regenerates them into a temporary directory and fails
 when the committed copies differ. Run `make protos` after editing a .proto.
+
+Two packages carry the same stubs: the daemon's (sidecar._proto) and the
+Python client's (memory_sidecar_client._proto, in clients/python), which must
+not import the server. Each copy's imports are rewritten to live under its
+own package.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 PACKAGE_ROOT = ROOT / "sidecar" / "_proto"
 PY_PACKAGE = "sidecar._proto"
+CLIENT_PACKAGE_ROOT = ROOT / "clients" / "python" / "src" / "memory_sidecar_client" / "_proto"
+CLIENT_PY_PACKAGE = "memory_sidecar_client._proto"
+# Where each copy goes -> the Python package it is imported as.
+TARGETS = {PACKAGE_ROOT: PY_PACKAGE, CLIENT_PACKAGE_ROOT: CLIENT_PY_PACKAGE}
 
 # grpc_tools writes `from memory.v1 import memory_pb2`, an import that only
 # works with protos/'s layout on sys.path; rewrite it to live under our package.
@@ -27,8 +36,9 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_ROOT.rglob("*.proto"))
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Write the stubs for every .proto under protos/ into out_dir."""
+def generate(out_dir: Path, py_package: str = PY_PACKAGE) -> list[Path]:
+    """Write the stubs for every .proto under protos/ into out_dir, which is
+    imported as `py_package`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     include = Path(protoc.__file__).parent / "_proto"
     args = [
@@ -46,7 +56,7 @@ def generate(out_dir: Path) -> list[Path]:
     for path in sorted(out_dir.rglob("*.py*")):
         if path.suffix not in (".py", ".pyi"):
             continue
-        text = _IMPORT.sub(rf"from {PY_PACKAGE}.\1 import \2", path.read_text())
+        text = _IMPORT.sub(rf"from {py_package}.\1 import \2", path.read_text())
         path.write_text(text)
         written.append(path)
     # Every directory on the way down is a regular package.
@@ -58,8 +68,9 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 def main() -> int:
-    for path in generate(PACKAGE_ROOT):
-        print(path.relative_to(ROOT))
+    for out_dir, py_package in TARGETS.items():
+        for path in generate(out_dir, py_package):
+            print(path.relative_to(ROOT))
     return 0
 
 

@@ -51,7 +51,9 @@ def test_readme_client_example_runs(sidecar: Running) -> None:
     assert "Ada prefers short answers" in lines
     # As the README says: the frozen block shows every memory, the
     # transient block repeats none.
-    assert lines[-1] == "''"
+    assert lines[-2] == "''"
+    # "Long notes " * 199, stripped: 2,188 characters and the separator.
+    assert lines[-1] == "TIER_BUDGET_EXCEEDED 25 2200 2191"
 
 
 def test_example_config_is_valid_and_states_the_defaults() -> None:

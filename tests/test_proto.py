@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import (
     ROOT,
     START_SECONDS,
@@ -23,13 +25,21 @@ gen_protos = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_protos)
 
 
-def test_committed_stubs_match_the_protos(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("committed_root", "py_package"),
+    list(gen_protos.TARGETS.items()),
+    ids=["server", "python-client"],
+)
+def test_committed_stubs_match_the_protos(
+    tmp_path: Path, committed_root: Path, py_package: str
+) -> None:
+    # The daemon's stubs and the Python client's copy (clients/python), each
+    # with its imports under its own package.
     fresh = {
         p.relative_to(tmp_path): p.read_bytes()
-        for p in gen_protos.generate(tmp_path)
+        for p in gen_protos.generate(tmp_path, py_package)
         if p.name != "__init__.py"
     }
-    committed_root = ROOT / "sidecar" / "_proto"
     committed = {
         p.relative_to(committed_root): p.read_bytes()
         for p in committed_root.rglob("*_pb2*.py*")

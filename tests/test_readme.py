@@ -79,7 +79,7 @@ NODE = "tests/test_node_client.py::"
 CLAIMS = {
     "make run    #": "test_make_run_serves_as_written (make test: CI runs it, .ci/run)",
     'make run ARGS="': "test_make_run_serves_as_written",
-    "import grpc": "tests/test_docs.py::test_readme_client_example_runs",
+    "from memory_sidecar_client import": "tests/test_docs.py::test_readme_client_example_runs",
     "./examples/agentloop": (
         "tests/clients/test_go_client.py::test_the_agent_loop_runs_as_the_readme_builds_it"
     ),
