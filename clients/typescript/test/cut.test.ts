@@ -3,21 +3,21 @@
 // The tests of this file run one after another: the proxy cuts whichever
 // connection sends the next frame of the armed kind.
 import assert from "node:assert/strict";
-import { randomUUID } from "node:crypto";
 import { test } from "node:test";
-import { status } from "@grpc/grpc-js";
-import { MemoryClient, MemoryError, MemoryEvent_Kind } from "@memory-sidecar/client";
-import { agent, client, control, cutTarget, cuts } from "./env.js";
+import { status, type Interceptor } from "@grpc/grpc-js";
+import { MemoryClient, MemoryError, MemoryEvent_Kind, type MemoryEvent } from "@memory-sidecar/client";
+import { agent, client, control, cutTarget, cuts, recorder } from "./env.js";
 
 // The wrapper gives this agent an unlimited budget (the export needs room).
 const BULK_AGENT = "ts-bulk";
 // The wrapper checks in the daemon that this agent holds the write once.
 const RETRY_AGENT = "ts-retry";
 
-function throughProxy(agentId: string): MemoryClient {
+function throughProxy(agentId: string, interceptor?: Interceptor): MemoryClient {
   return new MemoryClient({
     address: cutTarget(),
     scope: { agentId, userId: `${agentId}-user` },
+    grpcOptions: { interceptors: interceptor ? [interceptor] : [] },
   });
 }
 
@@ -69,26 +69,31 @@ test("a write without a key is not retried once it may have been stored", async 
 
 test("an export cut mid-stream resumes from its last cursor: every line once", async () => {
   const direct = client(BULK_AGENT);
-  const proxied = throughProxy(BULK_AGENT);
+  const { sent, interceptor } = recorder();
+  const proxied = throughProxy(BULK_AGENT, interceptor);
   try {
-    // 120 entries of 8000 characters in batches of one: about 1 MB, far more
-    // than HTTP/2's flow-control windows and the client's read-ahead let
-    // the daemon send before the client reads, so a cut armed after the
-    // first batch falls mid-stream.
-    const entries = 120;
+    // 60 entries of 8000 characters in batches of one: about 480 kB, more
+    // than twice what HTTP/2's flow-control windows (64 KiB) and the
+    // client's read-ahead (16 messages) let the daemon send before the
+    // client reads, so a cut armed after the first batch falls mid-stream.
+    const entries = 60;
     for (let n = 0; n < entries; n++) {
-      // Random text, so that no entry nearly repeats another.
-      const text = Array.from({ length: 222 }, () => randomUUID()).join(" ");
-      await direct.addMemory(`${String(n).padStart(3, "0")} ${text}`.slice(0, 8000));
+      await direct.addMemory(`${String(n).padStart(3, "0")} ${"x".repeat(7996)}`);
     }
     const before = await cuts();
     const lines: string[] = [];
-    let batches = 0;
+    const cursors: string[] = [];
     for await (const batch of proxied.exportMemories({ batchSize: 1 })) {
-      if (batches++ === 0) assert.equal(await control("arm data 1"), "ok");
+      if (cursors.length === 0) assert.equal(await control("arm data 1"), "ok");
+      cursors.push(batch.cursor);
       lines.push(...batch.jsonl.split("\n").filter((line) => line !== ""));
     }
     assert.equal(await cuts(), before + 1);
+    // Opened again once, from the cursor of a batch received before the cut.
+    const requests = sent.map((s) => s.message["cursor"]);
+    assert.equal(requests.length, 2);
+    assert.equal(requests[0], "");
+    assert.ok(cursors.slice(0, -1).includes(String(requests[1])), "resumed from no cursor of ours");
     const contents = lines.map((line) => (JSON.parse(line) as { content: string }).content);
     assert.deepEqual(
       contents.map((c) => c.slice(0, 3)),
@@ -103,18 +108,20 @@ test("an export cut mid-stream resumes from its last cursor: every line once", a
 test("a watch cut mid-stream resumes after the last event: nothing missed or repeated", async () => {
   const agentId = agent("watch");
   const direct = client(agentId);
-  const proxied = throughProxy(agentId);
+  const { sent, interceptor } = recorder();
+  const proxied = throughProxy(agentId, interceptor);
   try {
     await direct.addMemory("Note A");
     const before = await cuts();
     const seen: [string, string][] = [];
-    const watch = proxied.watchMemories();
-    for await (const event of watch) {
+    let noteB: MemoryEvent | undefined;
+    for await (const event of proxied.watchMemories()) {
       seen.push([MemoryEvent_Kind[event.kind], event.memory?.content ?? ""]);
       if (event.kind === MemoryEvent_Kind.KIND_SYNC) {
         await direct.addMemory("Note B");
       } else if (event.memory?.content === "Note B") {
         // The next event's frame is cut: C comes again after the resume.
+        noteB = event;
         assert.equal(await control("arm data 1"), "ok");
         await direct.addMemory("Note C");
         await direct.addMemory("Note D");
@@ -128,6 +135,12 @@ test("a watch cut mid-stream resumes after the last event: nothing missed or rep
       ["KIND_ADD", "Note B"],
       ["KIND_ADD", "Note C"],
       ["KIND_ADD", "Note D"],
+    ]);
+    // Opened again after B: its generation, tier and id.
+    const resumed = sent.map((s) => [s.message["afterGeneration"], s.message["afterTier"], s.message["afterId"]]);
+    assert.deepEqual(resumed, [
+      [0, 0, ""],
+      [noteB?.generation, noteB?.tier, noteB?.id],
     ]);
   } finally {
     direct.close();
