@@ -38,7 +38,8 @@ function scriptedModel(messages: Message[], tools: ToolDefinition[]): Completion
   const declared = new Set(tools.map((t) => (t["function"] as { name: string }).name));
   const call = (n: number, name: string, args: Record<string, unknown>): ToolCall => {
     if (!declared.has(name)) throw new Error(`the model was not offered ${name}`);
-    return { id: `call_${n}`, type: "function", function: { name, arguments: JSON.stringify(args) } };
+    const arguments_ = JSON.stringify(args);
+    return { id: `call_${n}`, type: "function", function: { name, arguments: arguments_ } };
   };
   const last = messages.at(-1)!;
   const prompt = messages.map((m) => m.content).join("\n");
@@ -97,7 +98,8 @@ async function main(): Promise<void> {
             toolCall.function.name,
             toolCall.function.arguments,
           );
-          log({ step: "tool", name: toolCall.function.name, is_error: result.isError, text: result.text });
+          const name = toolCall.function.name;
+          log({ step: "tool", name, is_error: result.isError, text: result.text });
           messages.push({ role: "tool", tool_call_id: toolCall.id, content: result.text });
         }
       }

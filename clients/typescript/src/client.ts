@@ -545,7 +545,10 @@ export class MemoryClient {
     });
   }
 
-  private stream<Req, Res>(method: Method<Req, Res>, request: Req): (deadline?: number) => ClientReadableStream<Res> {
+  private stream<Req, Res>(
+    method: Method<Req, Res>,
+    request: Req,
+  ): (deadline?: number) => ClientReadableStream<Res> {
     return (deadline) => {
       const options: GrpcCallOptions = deadline === undefined ? {} : { deadline };
       return this.client.makeServerStreamRequest(
@@ -617,7 +620,8 @@ function reads(tool: string, argumentsJson: string): boolean {
   if (tool !== CLAUDE_MEMORY_TOOL) return false;
   try {
     const args: unknown = JSON.parse(argumentsJson);
-    return typeof args === "object" && args !== null && "command" in args && args.command === "view";
+    const command = typeof args === "object" && args !== null && "command" in args;
+    return command && args.command === "view";
   } catch {
     return false;
   }

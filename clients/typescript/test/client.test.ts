@@ -33,7 +33,10 @@ test("a read after a write carries the write's generation and sees the write", a
       ],
     );
     // A later write raises it; the next read carries the new one.
-    const updated = await memory.updateMemory({ id: added.memory!.id, content: "ops/deploy.sh deploys" });
+    const updated = await memory.updateMemory({
+      id: added.memory!.id,
+      content: "ops/deploy.sh deploys",
+    });
     assert.ok(updated.generation > added.generation);
     await memory.getMemories();
     assert.equal(sent.at(-1)?.message["minGeneration"], updated.generation);
@@ -185,7 +188,8 @@ test("the turn loop: blocks, tools in both shapes, tool calls, compaction, end",
     );
     assert.equal(viewed.isError, false);
     assert.match(viewed.text, /Deploy target is eu-west-1/);
-    const wrong = await memory.callTool("s1", "memory", '{"action": "remove", "old_text": "Windows"}');
+    const remove = '{"action": "remove", "old_text": "Windows"}';
+    const wrong = await memory.callTool("s1", "memory", remove);
     assert.equal(wrong.isError, true);
 
     const compacted = await memory.notifyCompaction("s1");

@@ -5,7 +5,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { status, type Interceptor } from "@grpc/grpc-js";
-import { MemoryClient, MemoryError, MemoryEvent_Kind, type MemoryEvent } from "@memory-sidecar/client";
+import {
+  MemoryClient,
+  MemoryError,
+  MemoryEvent_Kind,
+  type MemoryEvent,
+} from "@memory-sidecar/client";
 import { agent, client, control, cutTarget, cuts, recorder } from "./env.js";
 
 // The wrapper gives this agent an unlimited budget (the export needs room).
@@ -105,7 +110,7 @@ test("an export cut mid-stream resumes from its last cursor: every line once", a
   }
 });
 
-test("a watch cut mid-stream resumes after the last event: nothing missed or repeated", async () => {
+test("a watch cut mid-stream resumes after its last event: none missed or repeated", async () => {
   const agentId = agent("watch");
   const direct = client(agentId);
   const { sent, interceptor } = recorder();
@@ -137,7 +142,11 @@ test("a watch cut mid-stream resumes after the last event: nothing missed or rep
       ["KIND_ADD", "Note D"],
     ]);
     // Opened again after B: its generation, tier and id.
-    const resumed = sent.map((s) => [s.message["afterGeneration"], s.message["afterTier"], s.message["afterId"]]);
+    const resumed = sent.map(({ message }) => [
+      message["afterGeneration"],
+      message["afterTier"],
+      message["afterId"],
+    ]);
     assert.deepEqual(resumed, [
       [0, 0, ""],
       [noteB?.generation, noteB?.tier, noteB?.id],

@@ -101,7 +101,8 @@ test("a read is retried on UNAVAILABLE, the same request each time", async () =>
     reset("getMemories", BEHIND, CUT, BUSY);
     await memory.getMemories({ category: "c" });
     assert.equal(received.length, 4);
-    assert.ok(received.every((r) => JSON.stringify(r.request) === JSON.stringify(received[0]!.request)));
+    const first = JSON.stringify(received[0]!.request);
+    assert.ok(received.every((r) => JSON.stringify(r.request) === first));
   } finally {
     memory.close();
   }
@@ -161,7 +162,9 @@ test("a write without a key is retried only when the daemon says nothing was wri
     await memory.updateMemory({ id: "m1", content: "new" });
     assert.equal(received.length, 2);
     reset("updateMemory", CUT);
-    await assert.rejects(memory.updateMemory({ id: "m1", content: "new" }), { code: status.UNAVAILABLE });
+    await assert.rejects(memory.updateMemory({ id: "m1", content: "new" }), {
+      code: status.UNAVAILABLE,
+    });
     assert.equal(received.length, 1);
   } finally {
     memory.close();
@@ -175,7 +178,8 @@ test("a reading tool call is retried; a writing one is not", async () => {
     await memory.callTool("s", "memory_search", { query: "x" });
     assert.equal(received.length, 2);
     reset("callTool", CUT);
-    await memory.callTool("s", "memory", { command: "view", path: "/memories" }, { format: "anthropic" });
+    const view = { command: "view", path: "/memories" };
+    await memory.callTool("s", "memory", view, { format: "anthropic" });
     assert.equal(received.length, 2);
     assert.equal((received[0]!.request as memoryv1.CallToolRequest).name, "memory_20250818");
     reset("callTool", CUT);
