@@ -16,7 +16,7 @@ from google.rpc import status_pb2
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from tests.clients.cut_proxy import cut_proxy
-from tests.conftest import ROOT, START_SECONDS, MakeSidecar, require_tool
+from tests.conftest import CALL_SECONDS, ROOT, START_SECONDS, MakeSidecar, require_tool
 from tests.test_readme import block
 
 PACKAGE = ROOT / "clients" / "typescript"
@@ -51,8 +51,15 @@ def run(*command: str, cwd: Path = PACKAGE, env: dict[str, str] | None = None) -
 
 
 def environment(address: str, **more: str) -> dict[str, str]:
+    """The suite's: the daemon's address and each call's deadline."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_SIDECAR_")}
-    return {**keep, "MEMORY_SIDECAR_ADDRESS": address, **more}
+    deadline = str(int(CALL_SECONDS * 1000))
+    return {
+        **keep,
+        "MEMORY_SIDECAR_ADDRESS": address,
+        "MEMORY_SIDECAR_TEST_TIMEOUT_MS": deadline,
+        **more,
+    }
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import {
   MemoryEvent_Kind,
   type MemoryEvent,
 } from "@memory-sidecar/client";
-import { agent, client, control, cutTarget, cuts, recorder } from "./env.js";
+import { agent, client, control, cutTarget, cuts, recorder, timeoutMs } from "./env.js";
 
 // The wrapper gives this agent an unlimited budget (the export needs room).
 const BULK_AGENT = "ts-bulk";
@@ -22,6 +22,7 @@ function throughProxy(agentId: string, interceptor?: Interceptor): MemoryClient 
   return new MemoryClient({
     address: cutTarget(),
     scope: { agentId, userId: `${agentId}-user` },
+    timeoutMs,
     grpcOptions: { interceptors: interceptor ? [interceptor] : [] },
   });
 }

@@ -18,6 +18,12 @@ export const address = (): string => required("MEMORY_SIDECAR_ADDRESS");
 /** The cut proxy's address: dial it instead of the daemon to be cut. */
 export const cutTarget = (): string => required("MEMORY_SIDECAR_CUT_TARGET");
 
+/**
+ * Each call's deadline: the wrapper's bound for a call (tests/waits.py), as
+ * the deadline is not what these tests are about and a loaded machine is slow.
+ */
+export const timeoutMs = Number(process.env["MEMORY_SIDECAR_TEST_TIMEOUT_MS"] ?? 60_000);
+
 /** An agent id of its own per test, so tests sharing a daemon never meet. */
 export function agent(prefix: string): string {
   return `${prefix}-${randomUUID().slice(0, 8)}`;
@@ -30,6 +36,7 @@ export function client(
   return new MemoryClient({
     address: address(),
     scope: { agentId, userId: `${agentId}-user` },
+    timeoutMs,
     ...options,
   });
 }

@@ -15,6 +15,7 @@ import {
 import { MemoryClient, MemoryError, memoryv1 } from "@memory-sidecar/client";
 import { ErrorInfo } from "../src/gen/google/rpc/error_details.js";
 import { Status } from "../src/gen/google/rpc/status.js";
+import { timeoutMs } from "./env.js";
 
 interface Refusal {
   code: status;
@@ -81,6 +82,7 @@ function client(): MemoryClient {
   return new MemoryClient({
     address: `127.0.0.1:${port}`,
     scope: { agentId: "a", userId: "u" },
+    timeoutMs,
     // Back-offs of a millisecond: the policy is under test, not the pauses.
     retry: { initialBackoffMs: 1, maxBackoffMs: 1 },
   });
