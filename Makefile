@@ -17,7 +17,7 @@ MCP_LISTEN ?= 127.0.0.1:8765
 # as much of the suite waits on sockets, subprocesses and feeds. 0: one process.
 TEST_WORKERS ?= auto
 
-.PHONY: run test lint typecheck check bench protos buf node-example clean
+.PHONY: run test lint typecheck check bench protos buf node-example typescript-client clean
 
 # The Python client (clients/python) is a distribution of its own: installed
 # beside the daemon, as its users install it, for its suite and `make bench`.
@@ -69,6 +69,18 @@ $(MCP_NODE_EXAMPLE): examples/mcp-node/package.json examples/mcp-node/package-lo
 
 node-example: $(NODE_EXAMPLE) $(MCP_NODE_EXAMPLE)
 
+# The TypeScript client's packages (tests/clients/test_typescript_client.py
+# builds it with them and runs its suite).
+TS_CLIENT := clients/typescript/node_modules/.package-lock.json
+$(TS_CLIENT): clients/typescript/package.json clients/typescript/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --silent --no-audit --no-fund --prefix clients/typescript; \
+	else \
+		echo "npm not found: the TypeScript client tests will be skipped"; \
+	fi
+
+typescript-client: $(TS_CLIENT)
+
 run: $(RUN_STAMP)
 	@mkdir -p $(dir $(DB))
 	$(BIN)/memory-sidecar serve --db $(DB) $(if $(MCP_LISTEN),--mcp-listen $(MCP_LISTEN)) $(ARGS)
@@ -76,7 +88,7 @@ run: $(RUN_STAMP)
 # Bytecode caches stay on for the tests even where the environment turns
 # them off: every worker would otherwise compile and rewrite the asserts
 # of every test module again (about 3 s of CPU each).
-test: $(STAMP) node-example
+test: $(STAMP) node-example typescript-client
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP) buf
@@ -103,5 +115,5 @@ protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) .tools examples/node/node_modules examples/mcp-node/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .tools examples/node/node_modules examples/mcp-node/node_modules clients/typescript/node_modules clients/typescript/dist .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 	rm -rf clients/python/build clients/python/src/*.egg-info

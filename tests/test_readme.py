@@ -90,6 +90,9 @@ CLAIMS = {
     ),
     '.venv/bin/memory-sidecar"': "test_mcp_config_entry_runs_from_a_host_without_the_venv_on_path",
     "claude mcp add --transport http": "test_the_claude_code_line_is_what_mcp_config_prints",
+    "@memory-sidecar/client": (
+        "tests/clients/test_typescript_client.py::test_the_readme_example_type_checks_and_runs"
+    ),
     "const { tools }": NODE
     + "test_node_runs_the_models_tool_calls_through_list_tools_and_call_tool",
     "memory-sidecar serve [--config": "test_serve_synopsis_matches_the_parser",

@@ -1,0 +1,51 @@
+// @memory-sidecar/client: the memory.v1 API of memory-sidecar for Node.js.
+export {
+  DEFAULT_RETRY,
+  DEFAULT_TIMEOUT_MS,
+  MemoryClient,
+  type AddOptions,
+  type CallOptions,
+  type CallToolOptions,
+  type DeleteFields,
+  type ExportFields,
+  type ListFields,
+  type MemoryClientOptions,
+  type RetryPolicy,
+  type SearchFields,
+  type ToolDefinition,
+  type ToolFormat,
+  type ToolResult,
+  type TurnFields,
+  type UpdateFields,
+  type WatchFields,
+} from "./client.js";
+export { BUDGET_REASONS, BudgetError, MemoryError, errorInfo } from "./errors.js";
+// The generated messages and enums, for what the methods take and give back.
+export {
+  KeywordStrategy,
+  MemoryEvent_Kind,
+  Tier,
+  TokenCounter,
+  type AddMemoryResponse,
+  type DeleteMemoryResponse,
+  type DeleteScopeResponse,
+  type EndSessionResponse,
+  type Erasure,
+  type ExportMemoriesResponse,
+  type ForgetUserResponse,
+  type GetMemoriesResponse,
+  type InjectForTurnResponse,
+  type ListToolsResponse,
+  type Memory,
+  type MemoryEvent,
+  type NotifyCompactionResponse,
+  type Scope,
+  type SearchHit,
+  type SearchMemoriesResponse,
+  type SimilarMemory,
+  type TierUsage,
+  type Tool,
+  type UpdateMemoryResponse,
+} from "./gen/memory/v1/memory.js";
+// Every generated message and the service definition, for anything else.
+export * as memoryv1 from "./gen/memory/v1/memory.js";
