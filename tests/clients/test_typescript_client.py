@@ -31,7 +31,7 @@ def node_and_packages() -> str:
     node = require_tool(shutil.which("node"), "Node.js")
     require_tool(
         str(PACKAGE / "node_modules") if (PACKAGE / "node_modules").is_dir() else None,
-        "the TypeScript client's packages (`make test` installs them with npm ci)",
+        "the TypeScript client's package set (`make test` installs it with npm ci)",
     )
     return node
 

@@ -112,6 +112,23 @@ func TestWritesWithoutAKeyAndOtherCodesAreNotRetried(t *testing.T) {
 	}
 }
 
+func TestAWriteWithoutAKeyIsRetriedWhenTheDaemonWroteNothing(t *testing.T) {
+	conn := &fakeConn{answer: func(_ string, n int, _ proto.Message) (proto.Message, error) {
+		if n < 2 {
+			return nil, unavailable("DATABASE_BUSY")
+		}
+		return &memoryv1.UpdateMemoryResponse{Generation: 3}, nil
+	}}
+	c := New(conn, scope, fast)
+	_, err := c.UpdateMemory(context.Background(), &memoryv1.UpdateMemoryRequest{Id: "m1", Content: proto.String("new")})
+	if err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if n := len(conn.requests(service + "UpdateMemory")); n != 2 {
+		t.Errorf("UpdateMemory: %d attempts, want 2", n)
+	}
+}
+
 func TestReadsCarryTheHighestGenerationWritten(t *testing.T) {
 	generation := uint64(0)
 	conn := &fakeConn{answer: func(method string, _ int, _ proto.Message) (proto.Message, error) {

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand"
 	"sync"
@@ -58,9 +59,21 @@ func retryable(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
+// nothingWritten is whether the daemon said a failed write wrote nothing
+// (DATABASE_BUSY, DATABASE_UNAVAILABLE): then even a write without an
+// idempotency key may be sent again, unlike after a cut connection.
+func nothingWritten(err error) bool {
+	var e *Error
+	if !errors.As(convert(err), &e) {
+		return false
+	}
+	return e.Reason == "DATABASE_BUSY" || e.Reason == "DATABASE_UNAVAILABLE"
+}
+
 // unary runs one unary call under the client's deadline and token,
 // retrying UNAVAILABLE when `retry` says the call is safe to repeat (a
-// read, or a write that carries an idempotency key), and returns a failure
+// read, or a write that carries an idempotency key) or the daemon said
+// nothing was written, and returns a failure
 // as *Error or *BudgetError.
 func unary[Req, Resp any](
 	ctx context.Context,
@@ -76,7 +89,7 @@ func unary[Req, Resp any](
 		if err == nil {
 			return resp, nil
 		}
-		if !retry || !retryable(err) || attempt >= c.cfg.retry.Attempts {
+		if !retryable(err) || attempt >= c.cfg.retry.Attempts || !(retry || nothingWritten(err)) {
 			return resp, convert(err)
 		}
 		if c.cfg.retry.wait(ctx, attempt) != nil {

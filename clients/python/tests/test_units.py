@@ -81,8 +81,11 @@ def test_what_is_retried() -> None:
     for error in (cut, busy, behind):
         assert retryable(error, Safety.READ)
         assert retryable(error, Safety.IDEMPOTENT)
-    # A write without a key field is never sent twice.
-    assert not any(retryable(error, Safety.WRITE) for error in (cut, busy, behind))
+    # A write without a key field is sent again only when the daemon said
+    # it wrote nothing; never after a cut, when it may have committed.
+    unreachable = from_rpc_error(FakeError(UNAVAILABLE, "DATABASE_UNAVAILABLE"))
+    assert not any(retryable(error, Safety.WRITE) for error in (cut, behind))
+    assert all(retryable(error, Safety.WRITE) for error in (busy, unreachable))
     assert not any(retryable(refused, safety) for safety in Safety)
 
 

@@ -5,7 +5,9 @@ UNAVAILABLE is retried with exponential back-off and full jitter, whatever
 its reason. Reads, AddMemory (which always carries an idempotency key) and
 calls that are idempotent by themselves (an erasure, ending a session)
 retry as they are. A write without a key field (UpdateMemory, DeleteMemory,
-a writing CallTool) is never sent twice: once sent, it may have committed.
+a writing CallTool) is sent again only when the daemon answered that it
+wrote nothing (DATABASE_BUSY, DATABASE_UNAVAILABLE): after a cut it may
+have committed.
 """
 
 from __future__ import annotations
@@ -68,8 +70,15 @@ class RetryPolicy:
         return pause
 
 
+# Reasons for which the daemon says a failed write wrote nothing: a write
+# without an idempotency key may be sent again after them, never after a cut.
+NOTHING_WRITTEN = frozenset({"DATABASE_BUSY", "DATABASE_UNAVAILABLE"})
+
+
 def retryable(error: SidecarError, safety: Safety) -> bool:
-    return error.code == grpc.StatusCode.UNAVAILABLE and safety is not Safety.WRITE
+    if error.code != grpc.StatusCode.UNAVAILABLE:
+        return False
+    return safety is not Safety.WRITE or error.reason in NOTHING_WRITTEN
 
 
 def tool_safety(name: str, arguments: Mapping[str, Any]) -> Safety:
