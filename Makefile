@@ -107,7 +107,7 @@ check: lint typecheck test
 # writes build/bench-quick/ instead, leaving the committed figures alone;
 # LOCOMO=path/to/locomo10.json adds LoCoMo's own data to section 14.
 QUICK_OUTPUT := build/bench-quick/BENCHMARKS.md
-bench: $(STAMP)
+bench: $(STAMP) typescript-client
 	$(if $(QUICK),@mkdir -p $(dir $(QUICK_OUTPUT)))
 	$(BIN)/python -m bench.run $(if $(QUICK),--quick --output $(QUICK_OUTPUT)) $(if $(LOCOMO),--locomo $(LOCOMO))
 

@@ -11,7 +11,7 @@ This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
 bench/agent_notes.py for 24, bench/mcp_sessions.py for 25, bench/client_overhead.py
-for 26),
+for 26, with bench/client_probes.py for its Go and TypeScript rows),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 

@@ -66,9 +66,12 @@ def test_go_client_suite_passes_against_a_real_daemon(
     env = _go_env(tmp_path)
     with cut_proxy(running.addresses.api) as proxy:
         env.update(proxy.environment(), MEMORY_SIDECAR_ADDRESS=running.addresses.api)
-        # The bound is a cold build cache's: grpc-go compiles first.
+        # The bound is a cold build cache's: grpc-go compiles first. The
+        # turn overhead benchmark (`make bench` section 26 runs it at size)
+        # runs a few times, to show it still answers.
+        bench = ["-bench", "^BenchmarkDaemonTurnOverhead$", "-benchtime", "5x"]
         result = subprocess.run(
-            ["go", "test", "-count=1", "-v", "./..."],
+            ["go", "test", "-count=1", "-v", *bench, "./..."],
             cwd=_module_dir(tmp_path),
             env=env,
             capture_output=True,
@@ -80,6 +83,9 @@ def test_go_client_suite_passes_against_a_real_daemon(
     passed = set(re.findall(r"^--- PASS: (\w+)", result.stdout, flags=re.M))
     skipped = re.findall(r"^--- SKIP: (\w+)", result.stdout, flags=re.M)
     assert skipped == [], f"skipped with a daemon running: {skipped}"
+    assert re.search(r"^BenchmarkDaemonTurnOverhead\S*\s+5\s.* p50-ratio\b", result.stdout, re.M), (
+        result.stdout[-4000:]
+    )
     # The cases, each against the daemon (the cut ones through the proxy).
     assert {
         "TestDaemonAWriteRetriedAfterACutIsStoredOnce",

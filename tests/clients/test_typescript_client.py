@@ -195,3 +195,24 @@ def test_the_generated_code_is_what_the_proto_generates(tmp_path: Path) -> None:
     assert sorted(fresh) == sorted(stale), "regenerate: npm run generate (clients/typescript)"
     for name, text in fresh.items():
         assert stale[name] == text, f"src/gen/{name} is stale: npm run generate"
+
+
+def test_the_turn_overhead_probe_runs_against_a_real_daemon(
+    make_sidecar: MakeSidecar, built: Path
+) -> None:
+    # What `make bench` section 26 runs (bench/client_probes.py), at a size
+    # that only shows it builds, answers and reads cached turns.
+    node = node_and_packages()
+    running = make_sidecar()
+    running.add(
+        "The deploy script lives in ops/deploy.sh",
+        scope=pb.Scope(agent_id="ts-bench", user_id="ts-user"),
+    )
+    probe = str(built / "dist" / "bench" / "turn-overhead.js")
+    output = run(
+        node, probe, running.addresses.api, "ts-bench", "ts-user", "deploy?", "20", cwd=built
+    )
+    figures = json.loads(output)
+    assert figures["cached"] is True, output
+    for path in ("stub", "client"):
+        assert 0 < figures[path]["p50_us"] <= figures[path]["p99_us"], output
