@@ -155,11 +155,11 @@ def test_the_probe_reads_the_partition_expiry_index(
         statements.append((sql, tuple(params or ())))
         return execute(sql, params)
 
-    db.execute_sql = recorded  # type: ignore[method-assign]
+    db.execute_sql = recorded
     try:
         _add(store, "one more", None)
     finally:
-        db.execute_sql = execute  # type: ignore[method-assign]
+        db.execute_sql = execute
     (probe, params), *_ = [(sql, ps) for sql, ps in statements if "expires_at <=" in sql]
     with db.connection_context():
         rows = db.execute_sql(f"EXPLAIN QUERY PLAN {probe}", params).fetchall()
