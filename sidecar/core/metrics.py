@@ -184,6 +184,11 @@ class Metrics:
             buckets=_LATENCY_BUCKETS[:-2],
             registry=r,
         )
+        # db_queries' child per operation, made on first use as labels()
+        # makes it (a scrape shows the same series): labels() takes the
+        # metric's lock and builds a key on every call, and every statement
+        # of every write comes through db_query.
+        self._db_query_counts: dict[str, Any] = {}
 
     def _define_grpc(self, r: CollectorRegistry) -> None:
         """RPCs, under the names and labels of go-grpc-prometheus."""
@@ -291,5 +296,8 @@ class Metrics:
         operation = head[0].lower() if head else "other"
         if operation not in _OPERATIONS:
             operation = "other"
-        self.db_queries.labels(operation).inc()
+        counted = self._db_query_counts.get(operation)
+        if counted is None:
+            counted = self._db_query_counts[operation] = self.db_queries.labels(operation)
+        counted.inc()
         self.db_query_seconds.observe(seconds)

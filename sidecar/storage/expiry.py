@@ -16,9 +16,9 @@ against. Expired rows are found
 through the partial indexes of schema 7, which hold only rows with an
 expiry: idx_memories_partition_expiry for a partition's (a write's, the
 sweep's batch), idx_memories_expiry for the earliest anywhere (the sweep's
-`due`). A database where nothing expires pays an empty index probe or two
-per write (the rows past their grace, and with a grace the weight of those
-in it) and one per load of a partition (`hidden`).
+`due`). A database where nothing expires pays one empty index probe per
+write (the rows expired by now: those past their grace to remove, the rest
+weighed; see purge_bounded) and one per load of a partition (`hidden`).
 
 One of the storage modules, the only code that touches SQL (see
 sidecar.storage.store). Like the store's, the sweep opens a pooled connection for
@@ -80,28 +80,41 @@ def purge(
     return its state without them, and what was deleted. Inside the write
     transaction that locked the state row; the caller advances the
     generation with the removed seqs and logs them (`logged`)."""
+    found = [row for row, _ in _expired(tables, owner, tier, now, limit)]
+    return _removed(tables, state, found), found
+
+
+def _expired(
+    tables: Tables, owner: str, tier: Tier, now: int, limit: int | None
+) -> list[tuple[Expired, int]]:
+    """The partition's rows expired by `now` (the first `limit`), earliest
+    expiry first, each with its expiry."""
     db, p = tables.db, tables.db.param
-    of_partition = _OF_PARTITION.format(p=p)
     sql = (
-        f"SELECT {_COLUMNS} FROM memories WHERE expires_at IS NOT NULL AND expires_at <= {p}"
-        f" AND {of_partition} ORDER BY expires_at, seq"
+        f"SELECT {_COLUMNS}, expires_at FROM memories WHERE expires_at IS NOT NULL"
+        f" AND expires_at <= {p} AND {_OF_PARTITION.format(p=p)} ORDER BY expires_at, seq"
     )
     params: list[object] = [now, owner, tier.value]
     if limit is not None:
         sql += f" LIMIT {p}"
         params.append(limit)
-    found = [Expired(int(s), str(i), int(c)) for s, i, c in db.execute_sql(sql, params).fetchall()]
+    rows = db.execute_sql(sql, params).fetchall()
+    return [(Expired(int(s), str(i), int(c)), int(at)) for s, i, c, at in rows]
+
+
+def _removed(tables: Tables, state: PartitionState, found: Sequence[Expired]) -> PartitionState:
+    """Delete the `found` rows; the partition's state without them."""
     if not found:
-        return state, found
+        return state
+    db, p = tables.db, tables.db.param
     for start in range(0, len(found), 500):
         seqs = [row.seq for row in found[start : start + 500]]
         marks = ", ".join([p] * len(seqs))
         db.execute_sql(f"DELETE FROM memories WHERE seq IN ({marks})", seqs)
-    after = state._replace(
+    return state._replace(
         content_chars=state.content_chars - sum(row.content_chars for row in found),
         entry_count=state.entry_count - len(found),
     )
-    return after, found
 
 
 class Purged(NamedTuple):
@@ -136,12 +149,25 @@ def purge_bounded(
     for a write: one write never removes (and logs, and tombstones) a mass
     expiry at once, holding the write lock meanwhile; the sweep and later
     writes remove the rest. The rows expired by `now` it leaves weigh
-    nothing (`Purged.weighed`)."""
-    state, removed = purge(tables, owner, tier, locked, now - grace, limit)
-    if len(removed) < limit and not grace:
-        return Purged(state, removed)
+    nothing (`Purged.weighed`).
+
+    One probe serves both the removal and the weighing: it reads the rows
+    expired by `now` (not `now` minus the grace), one past `limit`. Those
+    past their grace come first (the probe is ordered by expiry), so the
+    first of them up to `limit` are the rows to remove; when the probe
+    found no more than `limit` rows it saw every expired row, and the ones
+    it did not remove are what is left. Only a partition with more expired
+    rows than that is weighed by a second statement. With a grace (the
+    default), a write used to pay that second probe every time.
+    """
+    found = _expired(tables, owner, tier, now, limit + 1)
+    due = [row for row, at in found if at <= now - grace][:limit]
+    state = _removed(tables, locked, due)
+    if len(found) <= limit:
+        left = [row for row, _ in found[len(due) :]]
+        return Purged(state, due, sum(row.content_chars for row in left), len(left))
     chars, count = _expired_weight(tables, owner, tier.value, now)
-    return Purged(state, removed, chars, count)
+    return Purged(state, due, chars, count)
 
 
 def _expired_weight(tables: Tables, owner: str, tier: str, now: int) -> tuple[int, int]:

@@ -8,10 +8,12 @@ import urllib.request
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar.api.interceptors import go_code_name
+from sidecar.core.metrics import Metrics
 from tests.conftest import (
     CALL_SECONDS,
     START_SECONDS,
@@ -181,3 +183,20 @@ def test_promtool_accepts_the_metrics(served: Running) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_statements_are_counted_by_operation_as_first_run() -> None:
+    # db_query keeps each operation's child once made; the series a scrape
+    # shows are still only those of operations run, with their counts.
+    metrics = Metrics(CollectorRegistry())
+    for sql in ("SELECT 1", "  select 2", "INSERT INTO t VALUES (1)", "BEGIN", "SELECT 3"):
+        metrics.db_query(sql, 0.001)
+    text = generate_latest(metrics.registry).decode()
+    counts = {
+        sample.labels["operation"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "memory_db_queries"
+        for sample in family.samples
+        if sample.name == "memory_db_queries_total"
+    }
+    assert counts == {"select": 3.0, "insert": 1.0, "other": 1.0}
