@@ -174,7 +174,7 @@ class Metrics:
         )
 
     def _define_database(self, r: CollectorRegistry) -> None:
-        """The store's SQL statements (db_query observes them)."""
+        """The store's SQL statements (db_query observes them) and commits."""
         self.db_queries = Counter(
             "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
         )
@@ -182,6 +182,12 @@ class Metrics:
             "memory_db_query_duration_seconds",
             "Time to run one SQL statement.",
             buckets=_LATENCY_BUCKETS[:-2],
+            registry=r,
+        )
+        self.db_write_group_size = Histogram(
+            "memory_db_write_group_size",
+            "Adds committed in one write transaction (server.group_commit).",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
 
