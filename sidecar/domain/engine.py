@@ -64,7 +64,7 @@ from sidecar.retrieval.ranking import rank
 from sidecar.retrieval.semantic import Floats
 from sidecar.retrieval.similarity import Similar
 from sidecar.storage.vectors import Vector
-from sidecar.storage.writes import Edit, NewEntry, Wanted
+from sidecar.storage.writes import Edit, NewEntry, Wanted, Written
 
 log = logging.getLogger("sidecar.engine")
 
@@ -194,17 +194,27 @@ class MemoryEngine(Rooms):
                 score=nearest.score,
                 category=nearest.memory.category,
             )
-        with self._partitions.writing([key]), self._counting_rejections():
+        # A grouped add (SQLite's GroupCommit) takes the partition's stripe
+        # only once committed, in its group's leader, so that adds of one
+        # partition can share a commit; any other holds it around the write.
+        grouped = self._store.group_commit.enabled
+
+        def added(written: Written) -> None:
+            with self._partitions.writing([key]) if grouped else contextlib.nullcontext():
+                self._partitions.added(key, written)
+                if self._semantic is not None:
+                    self._semantic.written(key, written, held, content_changed=True)
+
+        around = contextlib.nullcontext() if grouped else self._partitions.writing([key])
+        with around, self._counting_rejections():
             written = self._store.add(
                 entry,
                 settings.policy(tier),
                 expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
+                after=added,
             )
-            self._partitions.added(key, written)
-            if self._semantic is not None:
-                self._semantic.written(key, written, held, content_changed=True)
         similar = similar if written.created else ()
         return Added(written.memory, written.usage, written.created, similar, written.generation)
 

@@ -49,10 +49,11 @@ MAX_GROUP = 64
 class _Pending:
     """One caller's write: its function, and, once done, its outcome."""
 
-    __slots__ = ("error", "finished", "value", "wake", "write")
+    __slots__ = ("after", "error", "finished", "value", "wake", "write")
 
-    def __init__(self, write: Callable[[], Any]) -> None:
+    def __init__(self, write: Callable[[], Any], after: Callable[[Any], None] | None) -> None:
         self.write = write
+        self.after = after
         self.value: Any = None
         self.error: BaseException | None = None
         # Set once: when the outcome is known, or when this caller is to lead.
@@ -61,6 +62,17 @@ class _Pending:
 
     def done(self, value: Any = None, error: BaseException | None = None) -> None:
         self.value, self.error, self.finished = value, error, True
+
+    def committed(self, value: Any) -> None:
+        """Done, its transaction committed: its `after` first (an error
+        there is the caller's, as it would be after a write alone)."""
+        try:
+            if self.after is not None:
+                self.after(value)
+        except Exception as exc:
+            self.done(error=exc)
+        else:
+            self.done(value)
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -103,12 +115,21 @@ class GroupCommit:
         with self._lock:
             return len(self._queue)
 
-    def run(self, write: Callable[[], T]) -> T:
+    def run(self, write: Callable[[], T], after: Callable[[T], None] | None = None) -> T:
         """Run `write` inside a write transaction; return what it returns,
-        or raise what it raised, once its transaction has committed."""
+        or raise what it raised, once its transaction has committed.
+
+        `after(value)` runs once the transaction has committed and before
+        any caller of the group hears back, in the order of the group's
+        writes, and only after the groups before have run theirs: what
+        this process caches of the write is updated there (a caller of a
+        grouped write would otherwise update it after a later write of the
+        group, or of the next group, had)."""
         if not self.enabled:
-            return self._alone(write)
-        pending = _Pending(write)
+            pending = _Pending(write, after)
+            pending.committed(self._alone(write))
+            return cast(T, pending.outcome())
+        pending = _Pending(write, after)
         with self._lock:
             self._queue.append(pending)
             lead = not self._leading
@@ -165,9 +186,11 @@ class GroupCommit:
 
     def _finish_alone(self, pending: _Pending) -> None:
         try:
-            pending.done(self._alone(pending.write))
+            value = self._alone(pending.write)
         except Exception as exc:
             pending.done(error=exc)
+        else:
+            pending.committed(value)
 
     def _together(self, group: list[_Pending]) -> None:
         """One transaction for the group, a savepoint per write."""
@@ -202,4 +225,7 @@ class GroupCommit:
                     self._finish_alone(pending)
             return
         for pending, value, error in results:
-            pending.done(value, error)
+            if error is None:
+                pending.committed(value)
+            else:
+                pending.done(error=error)

@@ -9,6 +9,7 @@ commit together as the next group, which the store's counts then show.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -38,6 +39,10 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def _entry(content: str, key: str = "") -> NewEntry:
     return NewEntry(SCOPE, Tier.MEMORY, content, idempotency_key=key)
+
+
+def _adds(store: Store, contents: list[str]) -> list[Callable[[], Written]]:
+    return [functools.partial(store.add, _entry(content), UNLIMITED) for content in contents]
 
 
 def _grouped(store: Store, writes: list[Callable[[], Written]]) -> list[Outcome]:
@@ -171,11 +176,35 @@ def test_a_failed_commit_acknowledges_no_write_of_the_group(
                 raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(backend, "write_transaction", commit_fails)
-    outcomes = _grouped(
-        store, [lambda i=i: store.add(_entry(f"lost {i}"), UNLIMITED) for i in range(4)]
-    )
+    outcomes = _grouped(store, _adds(store, [f"lost {i}" for i in range(4)]))
     assert all(isinstance(o, DatabaseIOError) for o in outcomes)
     assert _stored(store) == []
+
+
+def test_each_write_is_followed_after_the_commit_in_the_group_order(
+    store: Store, tmp_path: Path
+) -> None:
+    followed: list[tuple[str, bool]] = []
+
+    def visible(content: str) -> bool:
+        with contextlib.closing(sqlite3.connect(tmp_path / "m.db")) as other:
+            query = "SELECT COUNT(*) FROM memories WHERE content = ?"
+            return bool(other.execute(query, (content,)).fetchone()[0])
+
+    def after(written: Written) -> None:
+        content = written.memory.content
+        followed.append((content, visible(content)))
+        if content == "b":
+            raise RuntimeError("its cache could not be updated")
+
+    def add(content: str) -> Callable[[], Written]:
+        return functools.partial(store.add, _entry(content), UNLIMITED, after=after)
+
+    outcomes = _grouped(store, [add("a"), add("b"), add("c")])
+    # Committed (another connection sees it) before any follow-up ran.
+    assert followed == [("a", True), ("b", True), ("c", True)]
+    assert isinstance(outcomes[1], RuntimeError)
+    assert [o.memory.content for o in outcomes if isinstance(o, Written)] == ["a", "c"]
 
 
 def test_grouping_switched_off_runs_every_write_alone(tmp_path: Path) -> None:
@@ -183,8 +212,8 @@ def test_grouping_switched_off_runs_every_write_alone(tmp_path: Path) -> None:
     store.open()
     done: list[Written] = []
     threads = [
-        threading.Thread(target=lambda i=i: done.append(store.add(_entry(f"n{i}"), UNLIMITED)))
-        for i in range(8)
+        threading.Thread(target=lambda add=add: done.append(add()))
+        for add in _adds(store, [f"n{i}" for i in range(8)])
     ]
     for thread in threads:
         thread.start()
@@ -199,7 +228,7 @@ def test_every_commit_is_reported_with_its_writes(tmp_path: Path) -> None:
     sizes: list[int] = []
     store = Store(str(tmp_path / "m.db"), on_group=sizes.append)
     store.open()
-    _grouped(store, [lambda i=i: store.add(_entry(f"n{i}"), UNLIMITED) for i in range(5)])
+    _grouped(store, _adds(store, [f"n{i}" for i in range(5)]))
     assert sizes == [1, 5]
     store.close()
 
