@@ -24,7 +24,9 @@ uses from the database.
 
 Locks, outermost first: a view stripe (snapshots), then a partition stripe
 (partitions), then the short-lived dictionary locks inside Generations,
-the LRU and SessionTable. Nothing is ever taken in the other order.
+the LRU and SessionTable. Nothing is ever taken in the other order. A
+grouped add (sidecar.storage.group_commit) waits for its commit holding
+none of them; its group's leader then takes its partition stripe.
 
 Owns: the order of each request's steps across the rooms (screen, embed,
 check for near-duplicates, lock, write, update the caches; verify, find the
@@ -194,9 +196,7 @@ class MemoryEngine(Rooms):
                 score=nearest.score,
                 category=nearest.memory.category,
             )
-        # A grouped add (SQLite's GroupCommit) takes the partition's stripe
-        # only once committed, in its group's leader, so that adds of one
-        # partition can share a commit; any other holds it around the write.
+        # Grouped (SQLite): the stripe only once committed, so one partition's adds share commits.
         grouped = self._store.group_commit.enabled
 
         def added(written: Written) -> None:
