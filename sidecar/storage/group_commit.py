@@ -56,8 +56,9 @@ class _Pending:
         self.after = after
         self.value: Any = None
         self.error: BaseException | None = None
-        # Set once: when the outcome is known, or when this caller is to lead.
-        self.wake = threading.Event()
+        # A follower's (a leader never waits): set once, when the outcome
+        # is known or when this caller is to lead.
+        self.wake: threading.Event | None = None
         self.finished = False
 
     def done(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -134,8 +135,10 @@ class GroupCommit:
             self._queue.append(pending)
             lead = not self._leading
             self._leading = True
+            if not lead:
+                pending.wake = wake = threading.Event()
         if not lead:
-            pending.wake.wait()
+            wake.wait()
         if not pending.finished:
             # First in, or handed the lead by the leader before: run the
             # writes waiting now, this one among them.
@@ -154,12 +157,13 @@ class GroupCommit:
                 self._leading = successor is not None
             # Hand the lead on before waking the group: the next
             # transaction starts while they return.
-            if successor is not None:
+            if successor is not None and successor.wake is not None:
                 successor.wake.set()
             for pending in group:
                 if not pending.finished:  # pragma: no cover - _commit finishes every one
                     pending.done(error=RuntimeError("the write's group ended without it"))
-                pending.wake.set()
+                if pending.wake is not None:
+                    pending.wake.set()
 
     def _commit(self, group: list[_Pending]) -> None:
         """Run the group's writes and commit them; finish every one."""
