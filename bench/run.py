@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_agent_notes(report)
     if 25 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
-            bench_write_groups(report, Path(tmp), corpus, 400 if quick else 2000, pg)
+            bench_write_groups(report, Path(tmp), corpus, 256 if quick else 2000, pg)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0
