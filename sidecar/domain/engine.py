@@ -213,7 +213,7 @@ class MemoryEngine(Rooms):
                 expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
-                after=added,
+                on_commit=added,
             )
         similar = similar if written.created else ()
         return Added(written.memory, written.usage, written.created, similar, written.generation)

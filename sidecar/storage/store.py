@@ -276,10 +276,10 @@ class Store:
         expires: Expires = NEVER,
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
-        after: Callable[[Written], None] | None = None,
+        on_commit: Callable[[Written], None] | None = None,
     ) -> Written:
         """Store an entry (`vector`: its embedding); say what was stored and
-        whether it is new (`after` hears it first, once committed: GroupCommit.run).
+        whether it is new (`on_commit` hears it first, once committed: GroupCommit.run).
 
         Content identical to an entry of the same scope and tier returns that
         entry unchanged (created = False), and so does a retry carrying the
@@ -317,7 +317,7 @@ class Store:
             self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
             return _done(row, purged.weighed(after), True, locked, generation, expired)
 
-        return self.group_commit.run(write, after)
+        return self.group_commit.run(write, on_commit)
 
     def update(
         self,

@@ -198,7 +198,7 @@ def test_each_write_is_followed_after_the_commit_in_the_group_order(
             raise RuntimeError("its cache could not be updated")
 
     def add(content: str) -> Callable[[], Written]:
-        return functools.partial(store.add, _entry(content), UNLIMITED, after=after)
+        return functools.partial(store.add, _entry(content), UNLIMITED, on_commit=after)
 
     outcomes = _grouped(store, [add("a"), add("b"), add("c")])
     # Committed (another connection sees it) before any follow-up ran.
