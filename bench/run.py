@@ -11,7 +11,8 @@ This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
 bench/agent_notes.py for 24, bench/mcp_sessions.py for 25, bench/client_overhead.py
-for 26, with bench/client_probes.py for its Go and TypeScript rows),
+for 26, with bench/client_probes.py for its Go and TypeScript rows, bench/write_groups.py
+for 27),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
@@ -50,6 +51,7 @@ from bench.semantic import bench_semantic
 from bench.tool_calls import bench_claude_memory_tool, bench_tool_calls
 from bench.turns import bench_floor_and_cached_turn
 from bench.watch_delay import bench_watch_delay
+from bench.write_groups import bench_write_groups
 from bench.writes import bench_writes
 
 
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 27))
+        only = set(args.only or range(1, 28))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     if 26 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
             bench_client_overhead(report, Path(tmp), corpus, 300 if quick else 3000)
+    if 27 in only:
+        with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
+            bench_write_groups(report, Path(tmp), corpus, 256 if quick else 2000, pg)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

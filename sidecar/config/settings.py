@@ -148,6 +148,10 @@ class ServerSettings:
     # so the exit says why rather than the kubelet killing a silent daemon.
     startup_timeout_seconds: float = 120.0
     durability: str = "normal"
+    # SQLite: adds that arrive while another commits share the next write
+    # transaction and its commit, each still checked and answered on its
+    # own (sidecar.storage.group_commit); PostgreSQL ignores it.
+    group_commit: bool = True
     busy_timeout_ms: int = 5000
     max_workers: int = 16
     # ExportMemories streams at once: each holds a worker and a connection

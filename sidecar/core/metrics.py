@@ -174,7 +174,7 @@ class Metrics:
         )
 
     def _define_database(self, r: CollectorRegistry) -> None:
-        """The store's SQL statements (db_query observes them)."""
+        """The store's SQL statements (db_query observes them) and commits."""
         self.db_queries = Counter(
             "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
         )
@@ -189,6 +189,12 @@ class Metrics:
         # metric's lock and builds a key on every call, and every statement
         # of every write comes through db_query.
         self._db_query_counts: dict[str, Any] = {}
+        self.db_write_group_size = Histogram(
+            "memory_db_write_group_size",
+            "Adds committed in one write transaction (server.group_commit).",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
 
     def _define_grpc(self, r: CollectorRegistry) -> None:
         """RPCs, under the names and labels of go-grpc-prometheus."""

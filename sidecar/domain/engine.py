@@ -24,7 +24,9 @@ uses from the database.
 
 Locks, outermost first: a view stripe (snapshots), then a partition stripe
 (partitions), then the short-lived dictionary locks inside Generations,
-the LRU and SessionTable. Nothing is ever taken in the other order.
+the LRU and SessionTable. Nothing is ever taken in the other order. A
+grouped add (sidecar.storage.group_commit) waits for its commit holding
+none of them; its group's leader then takes its partition stripe.
 
 Owns: the order of each request's steps across the rooms (screen, embed,
 check for near-duplicates, lock, write, update the caches; verify, find the
@@ -64,7 +66,7 @@ from sidecar.retrieval.ranking import rank
 from sidecar.retrieval.semantic import Floats
 from sidecar.retrieval.similarity import Similar
 from sidecar.storage.vectors import Vector
-from sidecar.storage.writes import Edit, NewEntry, Wanted
+from sidecar.storage.writes import Edit, NewEntry, Wanted, Written
 
 log = logging.getLogger("sidecar.engine")
 
@@ -194,17 +196,25 @@ class MemoryEngine(Rooms):
                 score=nearest.score,
                 category=nearest.memory.category,
             )
-        with self._partitions.writing([key]), self._counting_rejections():
+        # Grouped (SQLite): the stripe only once committed, so one partition's adds share commits.
+        grouped = self._store.group_commit.enabled
+
+        def added(written: Written) -> None:
+            with self._partitions.writing([key]) if grouped else contextlib.nullcontext():
+                self._partitions.added(key, written)
+                if self._semantic is not None:
+                    self._semantic.written(key, written, held, content_changed=True)
+
+        around = contextlib.nullcontext() if grouped else self._partitions.writing([key])
+        with around, self._counting_rejections():
             written = self._store.add(
                 entry,
                 settings.policy(tier),
                 expires=expires,
                 still_wanted=still_wanted,
                 vector=stored,
+                on_commit=added,
             )
-            self._partitions.added(key, written)
-            if self._semantic is not None:
-                self._semantic.written(key, written, held, content_changed=True)
         similar = similar if written.created else ()
         return Added(written.memory, written.usage, written.created, similar, written.generation)
 

@@ -24,8 +24,11 @@ back by the clock.
 Locks: a partition stripe (64 of them, by key) is held by a load and by a
 write of this process to that partition, so the two never interleave: the
 cached partition can be updated by the write's delta instead of being read
-back whole. Stripes are taken in index order; inside them only the
-dictionary locks of Generations and the LRU.
+back whole. (An add grouped with others, sidecar.storage.group_commit,
+holds it only to apply its delta, after its commit: a load before that sees
+the partition without it, at the write's previous generation, or with it.)
+Stripes are taken in index order; inside them only the dictionary locks of
+Generations and the LRU.
 
 Owns: the partition cache, the generations, the change feed's callback.
 Must not touch: snapshots and sessions (sidecar.domain.snapshots), rendering, or

@@ -85,6 +85,8 @@ def open_store(
         max_connections=pooled_connections(server),
         pool_idle_seconds=server.db_pool_idle_seconds,
         on_query=metrics.db_query if metrics else None,
+        group_commit=server.group_commit,
+        on_group=metrics.db_write_group_size.observe if metrics else None,
         expiry_batch=server.expiry_sweep_batch,
         expiry_grace_seconds=server.expiry_grace_seconds,
         clock=clock,

@@ -48,6 +48,7 @@ from sidecar.storage.expiry import (
     Purged,
     advance,
 )
+from sidecar.storage.group_commit import GroupCommit
 from sidecar.storage.index import IndexStore
 from sidecar.storage.schema import _Row
 from sidecar.storage.vectors import Vector, VectorStore
@@ -115,6 +116,8 @@ class Store:
         on_query: Callable[[str, float], None] | None = None,
         expiry_batch: int = 500,
         expiry_grace_seconds: float = 0.0,
+        group_commit: bool = True,
+        on_group: Callable[[int], None] | None = None,
     ) -> None:
         self._clock = self.clock = clock  # "now" for expiry here and in the caches above
         self._backend: Backend
@@ -149,6 +152,11 @@ class Store:
         self.vectors = VectorStore(self.tables)
         self.events = EventLog(self.tables)
         self.erasure = Erasure(self.tables, clock)
+        # Adds share transactions on SQLite only: on PostgreSQL writers of
+        # different partitions already run at once (row locks), and a group
+        # locking many state rows could deadlock with another replica's.
+        grouped = group_commit and self.backend == "sqlite"
+        self.group_commit = GroupCommit(self._backend, enabled=grouped, on_group=on_group)
         if on_query is not None:
             # Peewee 4.5 reports every statement it runs, with its duration.
             self._db.query_hooks.append(lambda event: on_query(event.sql, event.duration))
@@ -268,9 +276,10 @@ class Store:
         expires: Expires = NEVER,
         still_wanted: Wanted | None = None,
         vector: Vector | None = None,
+        on_commit: Callable[[Written], None] | None = None,
     ) -> Written:
         """Store an entry (`vector`: its embedding); say what was stored and
-        whether it is new.
+        whether it is new (`on_commit` hears it first, once committed: GroupCommit.run).
 
         Content identical to an entry of the same scope and tier returns that
         entry unchanged (created = False), and so does a retry carrying the
@@ -279,7 +288,8 @@ class Store:
         tier, content, key = entry.tier, entry.content, entry.idempotency_key
         require_enabled(tier, policy)
         owner = entry.scope.owner(tier)
-        with self._guard(), self._db.connection_context(), self._backend.write_transaction():
+
+        def write() -> Written:  # inside the write transaction (see GroupCommit)
             locked = self._backend.lock_partition(owner, tier.value)
             require_caller(still_wanted)
             now = to_micros(self._clock())
@@ -306,6 +316,8 @@ class Store:
             generation = advance(self.tables, owner, tier, after, expired, row.seq, now)
             self.tables.logged(owner, tier, generation, "add", row.memory_id, now)
             return _done(row, purged.weighed(after), True, locked, generation, expired)
+
+        return self.group_commit.run(write, on_commit)
 
     def update(
         self,
