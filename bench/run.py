@@ -10,7 +10,7 @@ same rows, writes beside raw Peewee inserts. Results go to docs/BENCHMARKS.md.
 This file is the runner: its flags and the order of the sections. Each
 section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py for 19,
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
-bench/agent_notes.py for 24),
+bench/agent_notes.py for 24, bench/encoder_speed.py for 25),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
@@ -26,6 +26,7 @@ from bench.agent_notes import bench_agent_notes
 from bench.big_tier_writes import bench_big_tier_writes
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
+from bench.encoder_speed import bench_encoder_speed
 from bench.expiry_sweep import bench_expiry_sweep
 from bench.exports import bench_exports
 from bench.forget_user import bench_forget_user
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         "--locomo",
         type=Path,
         metavar="FILE",
-        help="also score LoCoMo's own data (locomo10.json) in section 14",
+        help="also score LoCoMo's own data (locomo10.json) in sections 14 and 25",
     )
     parser.add_argument(
         "--only",
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 25))
+        only = set(args.only or range(1, 26))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_read_your_writes(report, Path(tmp), pg, Corpus(), 50 if quick else 500)
     if 24 in only:
         bench_agent_notes(report)
+    if 25 in only:
+        bench_encoder_speed(report, args.locomo)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -184,6 +184,16 @@ class ServerSettings:
     # semantic_cache_bytes.
     semantic_encoder: str = "off"
     semantic_model_dir: str = ""
+    # local: the layers run by onnxruntime with int8 weights (about 4 times
+    # faster a query: sidecar.retrieval.quantized), by numpy, or auto: int8
+    # when onnxruntime loads, else numpy, logged. The int8 graph is built at
+    # first start and kept in semantic_cache_dir ("": $XDG_CACHE_HOME or
+    # ~/.cache, /memory-sidecar; none found: rebuilt at every start).
+    semantic_runtime: str = "auto"
+    semantic_cache_dir: str = ""
+    # local: a query or write that finds the encoder busy waits up to this
+    # long for others to share its forward pass (0: every call its own pass).
+    semantic_batch_wait_ms: float = 2.0
     semantic_base_url: str = ""
     semantic_model: str = ""
     semantic_api_key_env: str = ""
@@ -456,10 +466,21 @@ def _check_semantic(server: ServerSettings, environ: Mapping[str, str]) -> Serve
     model name (and the key, from its variable) for `endpoint`."""
     if server.semantic_encoder == "local":
         from sidecar.retrieval.embedding import encoder_missing
+        from sidecar.retrieval.quantized import runtime_missing
 
         problem = encoder_missing(server.semantic_model_dir)
         if problem:
             raise ConfigError("server.semantic_encoder", problem)
+        if server.semantic_runtime == "int8" and (problem := runtime_missing()):
+            raise ConfigError("server.semantic_runtime", problem)
+        if not server.semantic_cache_dir:
+            cache = environ.get("XDG_CACHE_HOME") or (
+                f"{environ['HOME']}/.cache" if environ.get("HOME") else ""
+            )
+            if cache:
+                server = dataclasses.replace(
+                    server, semantic_cache_dir=f"{cache}/memory-sidecar"
+                )
     elif server.semantic_encoder == "endpoint":
         for key in ("semantic_base_url", "semantic_model"):
             if not getattr(server, key):
