@@ -159,8 +159,7 @@ def bench_encoder_speed(report: Report, locomo: Path | None) -> None:
     for callers in IN_FLIGHT:
         batching = BatchingEncoder(int8, slots=os.cpu_count() or 1)
         got = [
-            _throughput(encoder, callers, seconds)
-            for encoder in (numpy_encoder, int8, batching)
+            _throughput(encoder, callers, seconds) for encoder in (numpy_encoder, int8, batching)
         ]
         mean = batching.batched / max(1, batching.passes)
         rows.append(

@@ -184,15 +184,12 @@ class ServerSettings:
     # semantic_cache_bytes.
     semantic_encoder: str = "off"
     semantic_model_dir: str = ""
-    # local: the layers run by onnxruntime with int8 weights (about 4 times
-    # faster a query: sidecar.retrieval.quantized), by numpy, or auto: int8
-    # when onnxruntime loads, else numpy, logged. The int8 graph is built at
-    # first start and kept in semantic_cache_dir ("": $XDG_CACHE_HOME or
-    # ~/.cache, /memory-sidecar; none found: rebuilt at every start).
+    # local: layers run with int8 weights by onnxruntime, by numpy, or auto
+    # (int8 if it loads: sidecar.retrieval.quantized), its graph cached in
+    # semantic_cache_dir ("": under $XDG_CACHE_HOME or ~/.cache). A call
+    # finding the encoder busy waits this long to share a pass (0: never).
     semantic_runtime: str = "auto"
     semantic_cache_dir: str = ""
-    # local: a query or write that finds the encoder busy waits up to this
-    # long for others to share its forward pass (0: every call its own pass).
     semantic_batch_wait_ms: float = 2.0
     semantic_base_url: str = ""
     semantic_model: str = ""
@@ -478,9 +475,7 @@ def _check_semantic(server: ServerSettings, environ: Mapping[str, str]) -> Serve
                 f"{environ['HOME']}/.cache" if environ.get("HOME") else ""
             )
             if cache:
-                server = dataclasses.replace(
-                    server, semantic_cache_dir=f"{cache}/memory-sidecar"
-                )
+                server = dataclasses.replace(server, semantic_cache_dir=f"{cache}/memory-sidecar")
     elif server.semantic_encoder == "endpoint":
         for key in ("semantic_base_url", "semantic_model"):
             if not getattr(server, key):

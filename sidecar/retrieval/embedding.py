@@ -209,12 +209,11 @@ class _Model:
         # Always taken: the int8 encoder's cached graph is keyed by it.
         digest = hashlib.sha256(raw).hexdigest()
         self.digest = digest
-        if sha256 is not None:
-            if digest != sha256.lower():
-                raise EncoderError(
-                    "unavailable",
-                    f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
-                )
+        if sha256 is not None and digest != sha256.lower():
+            raise EncoderError(
+                "unavailable",
+                f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
+            )
         # tokenizer.json itself says 128 tokens, padded to 128; the model was
         # trained, and sentence-transformers runs it, at 256 and pads per
         # batch (done in encode, after sorting by length).

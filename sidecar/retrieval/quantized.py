@@ -2,17 +2,19 @@
 
 A short query is a handful of rows against 42 MB of float32 layer weights:
 numpy's forward pass spends its time reading them, not multiplying. Here the
-six layers become an ONNX graph, built from the same safetensors weights the
-numpy encoder reads, and onnxruntime's dynamic quantization stores their
-matrices as int8 (per output channel; activations quantized per call), a
-quarter of the bytes, small enough to stay in a shared cache. Tokenizing,
-the embeddings, mean pooling and normalisation stay the numpy encoder's own
-(`QuantizedEncoder` is a `LocalEncoder` whose layers run elsewhere), so the
-two differ only inside the layers: cosine >= 0.98 per text on a fixed set,
-0.99 on average (tests/retrieval/test_quantized.py), and the same name, so
-vectors stored by either are compared with the other's.
+six layers become an ONNX graph, built with onnx's helpers from the same
+safetensors weights the numpy encoder reads, each dense layer's product
+taken in int8 by onnxruntime's MatMulInteger: weights per output column, a
+quarter of the bytes (small enough to stay in a shared cache), and each
+token's activations per row as it comes, so a text's row does not depend on
+the texts batched with it. Tokenizing, the embeddings, mean pooling and
+normalisation stay the numpy encoder's own (`QuantizedEncoder` is a
+`LocalEncoder` whose layers run elsewhere), so the two differ only inside
+the layers: cosine >= 0.99 per text on a fixed set, 0.995 on average
+(tests/retrieval/test_quantized.py), and the same name, so vectors stored
+by either are compared with the other's.
 
-The quantized graph is built on first use (a few seconds of CPU) and kept
+The graph is built on first use (about a second of CPU) and kept
 in a cache directory (server.semantic_cache_dir) under a name derived from
 the weights' digest, the recipe below and the onnxruntime version; its own
 digest is written beside it and checked when it is read. A cache that
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sidecar.retrieval.embedding import EncoderError, LocalEncoder, Vectors, _Model
 
@@ -48,7 +51,7 @@ log = logging.getLogger("sidecar.quantized")
 
 # Part of every cache file's name: a change to the graph or to how it is
 # quantized must change it, so files of the old recipe are never read.
-RECIPE = "minilm-l6-int8-v2"
+RECIPE = "minilm-l6-int8-v3"
 RUNTIMES = ("auto", "int8", "numpy")
 _HIDDEN = LocalEncoder.dimension
 _HEADS = 12
@@ -201,44 +204,18 @@ def _write_cached(path: Path, graph: bytes) -> None:
 
 
 def _build(model: _Model) -> bytes:
-    proto, matmuls = _float_graph(model)
-    # quantize_dynamic asks for pre-processing (shape inference, graph
-    # fusions) and logs a warning on the root logger without it: the graph
-    # is built shape-inferred already, and the session fuses it when loaded.
-    proto.metadata_props.add(key="onnx.quant.pre_process", value="onnxruntime.quant")
-    root = logging.getLogger()
-    # It also logs a line per tensor on the root logger: not the operator's.
-    quiet = _QuietRoot()
-    root.addFilter(quiet)
-    try:
-        return _quantized(proto, matmuls)
-    finally:
-        root.removeFilter(quiet)
+    proto = _int8_graph(model)
+    result: bytes = proto.SerializeToString()
+    return result
 
 
-class _QuietRoot(logging.Filter):
-    """Drops what is logged on the root logger itself below ERROR (named
-    loggers' records are not checked by it: they only propagate)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-
-def _quantized(proto: ModelProto, matmuls: list[str]) -> bytes:
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with tempfile.TemporaryDirectory(prefix="memory-sidecar-int8-") as tmp:
-        out = Path(tmp) / "model.onnx"
-        quantize_dynamic(
-            proto,
-            out,
-            nodes_to_quantize=matmuls,
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-        return out.read_bytes()
+def _int8_columns(weight: Vectors) -> tuple[npt.NDArray[np.int8], Vectors]:
+    """weight (out, in) as int8 codes (in, out) and a scale per output
+    column: symmetric, the column's largest magnitude at 127."""
+    columns = weight.T.astype(np.float64)
+    scales = np.maximum(np.abs(columns).max(axis=0), 1e-12) / 127
+    codes = np.clip(np.rint(columns / scales), -127, 127).astype(np.int8)
+    return codes, scales.astype(np.float32)
 
 
 class _Graph:
@@ -247,11 +224,14 @@ class _Graph:
     def __init__(self) -> None:
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
-        self.matmuls: list[str] = []
+        self._names: set[str] = set()
 
     def constant(self, name: str, value: Any) -> str:
         from onnx import numpy_helper
 
+        if name in self._names:  # shared, as the per-width shapes are
+            return name
+        self._names.add(name)
         # np.array, not ascontiguousarray: that turns a scalar into shape (1,).
         self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))
         return name
@@ -279,31 +259,63 @@ class _Graph:
         quantized per tensor, those channels would leave the others a few
         levels. Balancing the two ranges (the square root of their ratio)
         halved the int8 encoder's error against numpy's."""
+        onnx_uint8, onnx_float = 2, 1  # TensorProto.UINT8, FLOAT
         if norm is not None:
             gain, shift = norm
             activation = 4 * np.abs(gain) + np.abs(shift)
             scale = np.sqrt(activation / np.maximum(np.abs(weight).max(axis=0), 1e-8))
             scale = (scale / scale.mean()).astype(np.float32)
-            x = self.node("Mul", [x, self.constant(name + ".smooth", 1 / scale)], name + ".smoothed")
+            x = self.node(
+                "Mul", [x, self.constant(name + ".smooth", 1 / scale)], name + ".smoothed"
+            )
             weight = weight * scale
-        product = self.node("MatMul", [x, self.constant(name + ".weight", weight.T)], name + ".mm")
-        self.matmuls.append(product)
-        return self.node("Add", [product, self.constant(name + ".bias", bias)], name)
+        # Each row (token) quantized on its own, symmetric, its largest
+        # magnitude at 127: a row's codes do not depend on the other texts
+        # of its batch. Held as uint8 about 128 (the fast kernel's operand
+        # type), the zero point given to MatMulInteger.
+        inner = weight.shape[1]
+        rows = self.node("Reshape", [x, self.constant(f"flat{inner}", [-1, inner])], name + ".rows")
+        largest = self.node(
+            "ReduceMax",
+            [self.node("Abs", [rows], name + ".abs")],
+            name + ".max",
+            axes=[1],
+            keepdims=1,
+        )
+        scale = self.node("Div", [largest, "level"], name + ".scale")
+        scale = self.node("Max", [scale, "tiny"], name + ".scale.floor")
+        codes = self.node(
+            "Round", [self.node("Div", [rows, scale], name + ".levels")], name + ".round"
+        )
+        codes = self.node("Add", [codes, "offset"], name + ".offset")
+        codes = self.node("Cast", [codes], name + ".codes", to=onnx_uint8)
+        weights, columns = _int8_columns(weight)
+        product = self.node(
+            "MatMulInteger", [codes, self.constant(name + ".weight", weights), "zero"], name + ".mm"
+        )
+        out = self.node("Cast", [product], name + ".float", to=onnx_float)
+        out = self.node("Mul", [out, scale], name + ".rescaled")
+        out = self.node("Mul", [out, self.constant(name + ".columns", columns)], name + ".product")
+        out = self.node("Add", [out, self.constant(name + ".bias", bias)], name + ".biased")
+        return self.node("Reshape", [out, f"shape{weight.shape[0]}"], name)
 
     def norm(self, x: str, weights: tuple[Vectors, Vectors], name: str) -> str:
-        gain, bias = (self.constant(f"{name}.{part}", w) for part, w in zip("gb", weights))
+        gain, bias = (
+            self.constant(f"{name}.{part}", w) for part, w in zip("gb", weights, strict=True)
+        )
         return self.node("LayerNormalization", [x, gain, bias], name, axis=-1, epsilon=1e-12)
 
 
-def _float_graph(model: _Model) -> tuple[ModelProto, list[str]]:
-    """The six layers as LocalEncoder._transform computes them, float32:
-    inputs `hidden` (batch, tokens, 384) and `padding` (batch, 1, 1, tokens),
-    output `output` like `hidden`. Also the names of the weight MatMuls."""
+def _int8_graph(model: _Model) -> ModelProto:
+    """The six layers as LocalEncoder._transform computes them, but each
+    dense layer's product in int8: inputs `hidden` (batch, tokens, 384) and
+    `padding` (batch, 1, 1, tokens), output `output` like `hidden`."""
     import onnx
     from onnx import TensorProto, helper
 
     graph = _Graph()
     width = _HIDDEN // _HEADS
+    _quantizing_constants(graph, model)
     graph.constant("qkv_shape", np.array([0, 0, 3, _HEADS, width], np.int64))
     graph.constant("context_shape", np.array([0, 0, _HIDDEN], np.int64))
     graph.constant("scale", np.float32(1 / math.sqrt(width)))
@@ -333,7 +345,26 @@ def _float_graph(model: _Model) -> tuple[ModelProto, list[str]]:
     # The IR version of opset 17, which any onnxruntime of the extra reads.
     proto.ir_version = 8
     onnx.checker.check_model(proto)
-    return onnx.shape_inference.infer_shapes(proto), graph.matmuls
+    return proto
+
+
+def _quantizing_constants(graph: _Graph, model: _Model) -> None:
+    """What every dense layer's quantization shares: the code range, and
+    the (batch, tokens, width) shape of each width an output has."""
+    graph.constant("level", np.float32(127))
+    graph.constant("tiny", np.float32(1e-12))
+    graph.constant("offset", np.float32(128))
+    graph.constant("zero", np.uint8(128))
+    leading = graph.node("Shape", ["hidden"], "hidden.shape")
+    leading = graph.node(
+        "Slice",
+        [leading, graph.constant("from0", [0]), graph.constant("to2", [2])],
+        "leading",
+    )
+    for width in {layer.qkv.shape[0] for layer in model.layers} | {_HIDDEN, 4 * _HIDDEN}:
+        graph.node(
+            "Concat", [leading, graph.constant(f"width{width}", [width])], f"shape{width}", axis=0
+        )
 
 
 def _layer(graph: _Graph, x: str, layer: Any, norm: tuple[Vectors, Vectors], p: str) -> str:
