@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sidecar.retrieval import quantized
+from sidecar.retrieval.batching import BatchingEncoder
 from sidecar.retrieval.embedding import EncoderError, LocalEncoder
 from sidecar.retrieval.quantized import QuantizedEncoder, local_encoder
 
@@ -131,3 +133,14 @@ def test_numpy_is_chosen_by_name(model: None) -> None:
 
 def test_auto_is_int8_where_the_runtime_loads(int8: QuantizedEncoder, cache: Path) -> None:
     assert isinstance(local_encoder("auto", cache_dir=cache), QuantizedEncoder)
+
+
+def test_concurrent_callers_batched_get_what_they_get_alone(int8: QuantizedEncoder) -> None:
+    texts = _fixed_texts()[:12]
+    alone = {text: int8.encode([text])[0] for text in texts}
+    batching = BatchingEncoder(int8, max_wait_seconds=0.05, slots=1)
+    with ThreadPoolExecutor(len(texts)) as pool:
+        got = dict(zip(texts, pool.map(lambda t: batching.encode([t])[0], texts), strict=True))
+    for text in texts:
+        np.testing.assert_allclose(got[text], alone[text], atol=2e-5)
+    assert batching.batched == len(texts)
