@@ -51,7 +51,7 @@ log = logging.getLogger("sidecar.quantized")
 
 # Part of every cache file's name: a change to the graph or to how it is
 # quantized must change it, so files of the old recipe are never read.
-RECIPE = "minilm-l6-int8-v3"
+RECIPE = "minilm-l6-int8-v4"
 RUNTIMES = ("auto", "int8", "numpy")
 _HIDDEN = LocalEncoder.dimension
 _HEADS = 12
@@ -273,19 +273,17 @@ class _Graph:
         # magnitude at 127: a row's codes do not depend on the other texts
         # of its batch. Held as uint8 about 128 (the fast kernel's operand
         # type), the zero point given to MatMulInteger.
-        inner = weight.shape[1]
-        rows = self.node("Reshape", [x, self.constant(f"flat{inner}", [-1, inner])], name + ".rows")
         largest = self.node(
             "ReduceMax",
-            [self.node("Abs", [rows], name + ".abs")],
+            [self.node("Abs", [x], name + ".abs")],
             name + ".max",
-            axes=[1],
+            axes=[-1],
             keepdims=1,
         )
         scale = self.node("Div", [largest, "level"], name + ".scale")
         scale = self.node("Max", [scale, "tiny"], name + ".scale.floor")
         codes = self.node(
-            "Round", [self.node("Div", [rows, scale], name + ".levels")], name + ".round"
+            "Round", [self.node("Div", [x, scale], name + ".levels")], name + ".round"
         )
         codes = self.node("Add", [codes, "offset"], name + ".offset")
         codes = self.node("Cast", [codes], name + ".codes", to=onnx_uint8)
@@ -296,8 +294,7 @@ class _Graph:
         out = self.node("Cast", [product], name + ".float", to=onnx_float)
         out = self.node("Mul", [out, scale], name + ".rescaled")
         out = self.node("Mul", [out, self.constant(name + ".columns", columns)], name + ".product")
-        out = self.node("Add", [out, self.constant(name + ".bias", bias)], name + ".biased")
-        return self.node("Reshape", [out, f"shape{weight.shape[0]}"], name)
+        return self.node("Add", [out, self.constant(name + ".bias", bias)], name)
 
     def norm(self, x: str, weights: tuple[Vectors, Vectors], name: str) -> str:
         gain, bias = (
@@ -315,7 +312,7 @@ def _int8_graph(model: _Model) -> ModelProto:
 
     graph = _Graph()
     width = _HIDDEN // _HEADS
-    _quantizing_constants(graph, model)
+    _quantizing_constants(graph)
     graph.constant("qkv_shape", np.array([0, 0, 3, _HEADS, width], np.int64))
     graph.constant("context_shape", np.array([0, 0, _HIDDEN], np.int64))
     graph.constant("scale", np.float32(1 / math.sqrt(width)))
@@ -348,23 +345,12 @@ def _int8_graph(model: _Model) -> ModelProto:
     return proto
 
 
-def _quantizing_constants(graph: _Graph, model: _Model) -> None:
-    """What every dense layer's quantization shares: the code range, and
-    the (batch, tokens, width) shape of each width an output has."""
+def _quantizing_constants(graph: _Graph) -> None:
+    """What every dense layer's quantization shares: the code range."""
     graph.constant("level", np.float32(127))
     graph.constant("tiny", np.float32(1e-12))
     graph.constant("offset", np.float32(128))
     graph.constant("zero", np.uint8(128))
-    leading = graph.node("Shape", ["hidden"], "hidden.shape")
-    leading = graph.node(
-        "Slice",
-        [leading, graph.constant("from0", [0]), graph.constant("to2", [2])],
-        "leading",
-    )
-    for width in {layer.qkv.shape[0] for layer in model.layers} | {_HIDDEN, 4 * _HIDDEN}:
-        graph.node(
-            "Concat", [leading, graph.constant(f"width{width}", [width])], f"shape{width}", axis=0
-        )
 
 
 def _layer(graph: _Graph, x: str, layer: Any, norm: tuple[Vectors, Vectors], p: str) -> str:
