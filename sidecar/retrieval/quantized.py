@@ -52,7 +52,6 @@ log = logging.getLogger("sidecar.quantized")
 # Part of every cache file's name: a change to the graph or to how it is
 # quantized must change it, so files of the old recipe are never read.
 RECIPE = "minilm-l6-int8-v4"
-RUNTIMES = ("auto", "int8", "numpy")
 _HIDDEN = LocalEncoder.dimension
 _HEADS = 12
 # Graphs built in this process, by cache key: a second encoder (tests, a
@@ -125,7 +124,7 @@ def local_encoder(
         if runtime == "int8":
             raise
         log.warning(
-            "the local encoder runs in numpy, about 4 times slower a query, "
+            "the local encoder runs in numpy (2 to 3 times the CPU a query), "
             "not with int8 weights: %s",
             exc.detail,
         )
