@@ -89,7 +89,7 @@ def _quality(encoders: Sequence[Encoder], locomo: Path | None, quick: bool) -> l
     got = [agent_notes.scores(notes, _notes_hybrid(e)) for e in encoders]
     for measure, pick in (("R@1", "r1"), ("R@5", "r5"), ("MRR", "mrr")):
         values = [getattr(s, pick)["all"] for s in got]
-        rows.append(["agent notes, hybrid", measure, *(f"{v:.4f}" for v in values)])
+        rows.append([f"agent notes, hybrid: {measure}", *(f"{v:.4f}" for v in values), ""])
     groups: list[tuple[str, Sequence[retrieval.RelevanceSet]]] = []
     if not quick:
         groups.append(("LoCoMo-scale sets, hybrid", retrieval.load(retrieval.LOCOMO)))
@@ -97,8 +97,8 @@ def _quality(encoders: Sequence[Encoder], locomo: Path | None, quick: bool) -> l
         groups.append(("LoCoMo's own data, hybrid", retrieval.load_locomo(locomo)[0]))
     for label, sets in groups:
         results = [retrieval.scores(sets, retrieval.hybrid(e)) for e in encoders]
-        rows.append([label, "all found", *(f"{r.found['all']:.4f}" for r in results)])
-        rows.append([label, "R@10", *(f"{r.recall['all']:.4f}" for r in results)])
+        rows.append([f"{label}: all found", *(f"{r.found['all']:.4f}" for r in results), ""])
+        rows.append([f"{label}: R@10", *(f"{r.recall['all']:.4f}" for r in results), ""])
     return rows
 
 
