@@ -12,7 +12,7 @@ section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
 bench/agent_notes.py for 24, bench/mcp_sessions.py for 25, bench/client_overhead.py
 for 26, with bench/client_probes.py for its Go and TypeScript rows, bench/write_groups.py
-for 27),
+for 27, bench/encoder_speed.py for 28),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
@@ -29,6 +29,7 @@ from bench.big_tier_writes import bench_big_tier_writes
 from bench.client_overhead import bench_client_overhead
 from bench.concurrency import bench_concurrency
 from bench.corpus import Corpus
+from bench.encoder_speed import bench_encoder_speed
 from bench.expiry_sweep import bench_expiry_sweep
 from bench.exports import bench_exports
 from bench.forget_user import bench_forget_user
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "--locomo",
         type=Path,
         metavar="FILE",
-        help="also score LoCoMo's own data (locomo10.json) in section 14",
+        help="also score LoCoMo's own data (locomo10.json) in sections 14 and 25",
     )
     parser.add_argument(
         "--only",
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp:
         work = Path(tmp)
-        only = set(args.only or range(1, 28))
+        only = set(args.only or range(1, 29))
         if only & {1, 2}:
             bench_floor_and_cached_turn(report, work, corpus, 300 if quick else 3000)
         if 3 in only:
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if 27 in only:
         with tempfile.TemporaryDirectory(prefix="memory-sidecar-bench-") as tmp, postgres() as pg:
             bench_write_groups(report, Path(tmp), corpus, 256 if quick else 2000, pg)
+    if 28 in only:
+        bench_encoder_speed(report, args.locomo)
     report.notes.append(f"The run took {time.monotonic() - started:,.0f} s.")
     write(report, args.output)
     return 0

@@ -50,7 +50,9 @@ from sidecar.config.settings import Config, ServerSettings
 from sidecar.core.errors import ConfigError, Reason, SidecarError
 from sidecar.core.metrics import Metrics
 from sidecar.domain.engine import MemoryEngine
-from sidecar.retrieval.embedding import Encoder, EndpointEncoder, LocalEncoder
+from sidecar.retrieval.batching import BatchingEncoder
+from sidecar.retrieval.embedding import Encoder, EndpointEncoder
+from sidecar.retrieval.quantized import local_encoder
 from sidecar.storage.store import Store
 
 if TYPE_CHECKING:
@@ -95,7 +97,20 @@ def _keepalive_options() -> list[tuple[str, int]]:
 def encoder_for(server: ServerSettings) -> Encoder | None:
     """The encoder server.semantic_encoder names, loaded (None: off)."""
     if server.semantic_encoder == "local":
-        return LocalEncoder(server.semantic_model_dir or None)
+        local = local_encoder(
+            server.semantic_runtime,
+            server.semantic_model_dir or None,
+            server.semantic_cache_dir or None,
+        )
+        if not server.semantic_batch_wait_ms:
+            return local
+        # Concurrent queries and writes share forward passes: one slot a
+        # core, as each pass runs on one thread.
+        return BatchingEncoder(
+            local,
+            max_wait_seconds=server.semantic_batch_wait_ms / 1000,
+            slots=os.cpu_count() or 1,
+        )
     if server.semantic_encoder == "endpoint":
         return EndpointEncoder(
             server.semantic_base_url,

@@ -96,6 +96,8 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     ),
     "auth_reload_seconds": _between(0.05, 3600),
     "semantic_encoder": _one_of("off", "local", "endpoint"),
+    "semantic_runtime": _one_of("auto", "int8", "numpy"),
+    "semantic_batch_wait_ms": _between(0, 100),
     "semantic_base_url": lambda v: (
         None if not v or v.startswith(("http://", "https://")) else "must be an http(s) URL"
     ),

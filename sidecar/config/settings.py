@@ -194,6 +194,13 @@ class ServerSettings:
     # semantic_cache_bytes.
     semantic_encoder: str = "off"
     semantic_model_dir: str = ""
+    # local: layers run with int8 weights by onnxruntime, by numpy, or auto
+    # (int8 if it loads: sidecar.retrieval.quantized), its graph cached in
+    # semantic_cache_dir ("": under $XDG_CACHE_HOME or ~/.cache). A call
+    # finding the encoder busy waits this long to share a pass (0: never).
+    semantic_runtime: str = "auto"
+    semantic_cache_dir: str = ""
+    semantic_batch_wait_ms: float = 2.0
     semantic_base_url: str = ""
     semantic_model: str = ""
     semantic_api_key_env: str = ""
@@ -469,10 +476,19 @@ def _check_semantic(server: ServerSettings, environ: Mapping[str, str]) -> Serve
     model name (and the key, from its variable) for `endpoint`."""
     if server.semantic_encoder == "local":
         from sidecar.retrieval.embedding import encoder_missing
+        from sidecar.retrieval.quantized import runtime_missing
 
         problem = encoder_missing(server.semantic_model_dir)
         if problem:
             raise ConfigError("server.semantic_encoder", problem)
+        if server.semantic_runtime == "int8" and (problem := runtime_missing()):
+            raise ConfigError("server.semantic_runtime", problem)
+        if not server.semantic_cache_dir:
+            cache = environ.get("XDG_CACHE_HOME") or (
+                f"{environ['HOME']}/.cache" if environ.get("HOME") else ""
+            )
+            if cache:
+                server = dataclasses.replace(server, semantic_cache_dir=f"{cache}/memory-sidecar")
     elif server.semantic_encoder == "endpoint":
         for key in ("semantic_base_url", "semantic_model"):
             if not getattr(server, key):

@@ -206,13 +206,14 @@ class _Model:
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:  # OSError, or the tokenizer's own parse error
             raise EncoderError("unavailable", f"cannot read the model: {exc}") from None
-        if sha256 is not None:
-            digest = hashlib.sha256(raw).hexdigest()
-            if digest != sha256.lower():
-                raise EncoderError(
-                    "unavailable",
-                    f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
-                )
+        # Always taken: the int8 encoder's cached graph is keyed by it.
+        digest = hashlib.sha256(raw).hexdigest()
+        self.digest = digest
+        if sha256 is not None and digest != sha256.lower():
+            raise EncoderError(
+                "unavailable",
+                f"{model_dir / 'model.safetensors'} has sha256 {digest}, expected {sha256}",
+            )
         # tokenizer.json itself says 128 tokens, padded to 128; the model was
         # trained, and sentence-transformers runs it, at 256 and pads per
         # batch (done in encode, after sorting by length).
@@ -415,16 +416,25 @@ class LocalEncoder:
         return out
 
     def _forward(self, token_ids: npt.NDArray[np.int64], mask: npt.NDArray[np.bool_]) -> Vectors:
-        batch, length = token_ids.shape
-        heads, width = self._heads, self.dimension // self._heads
         x = self._words[token_ids]
-        x += self._positions[:length]
+        x += self._positions[: token_ids.shape[1]]
         x += self._token_type
         x = _layer_norm(x, self._embedding_norm)
         # Padding gets no attention: the lowest float32 added to its score
         # makes its softmax weight exactly 0 (every row has [CLS], so no row
         # is all padding).
         padding = np.where(mask, np.float32(0), np.finfo(np.float32).min)[:, None, None, :]
+        x = self._transform(x, padding)
+        weights = mask.astype(np.float32)[:, :, None]
+        pooled = (x * weights).sum(axis=1) / weights.sum(axis=1)
+        return _normalise(pooled)
+
+    def _transform(self, x: Vectors, padding: Vectors) -> Vectors:
+        """The six transformer layers over the embedded tokens (batch,
+        tokens, hidden), padding's scores masked by `padding`; the int8
+        encoder (sidecar.retrieval.quantized) runs the same layers instead."""
+        batch, length, _ = x.shape
+        heads, width = self._heads, self.dimension // self._heads
         scale = np.float32(1 / math.sqrt(width))
         for layer in self._layers:
             qkv = x @ layer.qkv.T
@@ -449,9 +459,7 @@ class LocalEncoder:
             output += layer.output_bias
             output += x
             x = _layer_norm(output, layer.output_norm)
-        weights = mask.astype(np.float32)[:, :, None]
-        pooled = (x * weights).sum(axis=1) / weights.sum(axis=1)
-        return _normalise(pooled)
+        return x
 
 
 # ------------------------------------------------------------------ endpoint

