@@ -22,8 +22,8 @@ environment, and only through the mapping it is given.
 Owns: every setting, default and type, the file/environment/flag precedence,
 cross-key checks, and the secrets read from the variables or files named (API
 keys, the database password). Must not touch: os.environ (sidecar.ops.cli passes it
-in), the network, an open database, grpc. It imports sidecar.retrieval.embedding inside a
-function, only when semantic_encoder is local.
+in), the network, an open database, grpc. What the tracing and semantic extras need is
+checked by sidecar.config.extras.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
+from sidecar.config.extras import check_tracing, mcp_extra_hint, semantic_changes
 from sidecar.config.extras import installed as _installed
-from sidecar.config.extras import mcp_extra_hint
 from sidecar.config.rules import CHECKS, mcp_session_caps
 from sidecar.core.errors import ConfigError
 from sidecar.core.limits import Limits
@@ -441,68 +441,6 @@ def _finish_server(server: ServerSettings) -> ServerSettings:
     return server
 
 
-# The tracing extra's exporter speaks OTLP over gRPC only.
-_OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
-
-
-def _check_tracing(server: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
-    """Tracing needs its extra, and an OTLP protocol the extra speaks.
-
-    Looks for the extra without importing it: with tracing off, nothing
-    of OpenTelemetry is ever loaded.
-    """
-    if server.tracing == "off":
-        return server
-    if not all(
-        _installed(m) for m in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")
-    ):
-        raise ConfigError(
-            "server.tracing",
-            "tracing needs the tracing extra: pip install 'memory-sidecar[tracing]'",
-        )
-    for variable in _OTLP_PROTOCOLS:
-        protocol = environ.get(variable, "")
-        if protocol:
-            if protocol != "grpc":
-                raise ConfigError(
-                    variable, f"memory-sidecar exports traces over OTLP/gRPC only, got {protocol!r}"
-                )
-            break
-    return server
-
-
-def _check_semantic(server: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
-    """The encoder's needs: the extra and model for `local`, a URL and a
-    model name (and the key, from its variable) for `endpoint`."""
-    if server.semantic_encoder == "local":
-        from sidecar.retrieval.embedding import encoder_missing
-        from sidecar.retrieval.quantized import runtime_missing
-
-        problem = encoder_missing(server.semantic_model_dir)
-        if problem:
-            raise ConfigError("server.semantic_encoder", problem)
-        if server.semantic_runtime == "int8" and (problem := runtime_missing()):
-            raise ConfigError("server.semantic_runtime", problem)
-        if not server.semantic_cache_dir:
-            cache = environ.get("XDG_CACHE_HOME") or (
-                f"{environ['HOME']}/.cache" if environ.get("HOME") else ""
-            )
-            if cache:
-                server = dataclasses.replace(server, semantic_cache_dir=f"{cache}/memory-sidecar")
-    elif server.semantic_encoder == "endpoint":
-        for key in ("semantic_base_url", "semantic_model"):
-            if not getattr(server, key):
-                raise ConfigError(f"server.{key}", "required with semantic_encoder: endpoint")
-    variable = server.semantic_api_key_env
-    if variable:
-        if variable not in environ:
-            raise ConfigError(
-                "server.semantic_api_key_env", f"environment variable {variable} is not set"
-            )
-        server = dataclasses.replace(server, semantic_api_key=environ[variable])
-    return server
-
-
 def _finish(path: str, settings: AgentSettings, environ: Mapping[str, str]) -> AgentSettings:
     """Cross-key checks, and the API key read from the variable it names."""
     if settings.similarity_weight + settings.confidence_weight <= 0:
@@ -609,5 +547,5 @@ def _server_settings(server: Mapping[str, Any], environ: Mapping[str, str]) -> S
     """The server section, its password read, and its cross-key checks passed."""
     settings = _with_password(ServerSettings(**server), environ)
     settings = _finish_server(settings)
-    settings = _check_tracing(settings, environ)
-    return _check_semantic(settings, environ)
+    check_tracing(settings.tracing, environ)
+    return dataclasses.replace(settings, **semantic_changes(settings, environ))
