@@ -35,6 +35,7 @@ ranking; the database only through the store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -115,6 +116,10 @@ class Partitions:
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
         self.on_generation = on_generation
+        # Per partition, the last run of generations this process's sweep
+        # alone advanced it through: (first, last, cutoff), every entry
+        # removed meanwhile expired by cutoff (microseconds). See swept_only.
+        self._sweeps: dict[PartitionKey, tuple[int, int, int]] = {}
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -404,19 +409,64 @@ class Partitions:
         """The expiry sweep removed some of the partition's entries (under
         `writing`): a cached compact partition takes them out, as deletes
         (a million entries are not read again for one expiry); a full one
-        reloads at its next use."""
+        reloads at its next use, unless it holds none of them (it was
+        loaded without them, as expired): then it is current as it is.
+        Views built before stay current (see swept_only): what was removed
+        was hidden already."""
         if swept.generation == swept.previous:
             return
         cached = self._cache.get(key)
+        run = self._sweeps.get(key)
+        if run is not None and run[1] == swept.previous:
+            # The state row was locked at the run's last generation: no
+            # other write came in between, so the run goes on.
+            self._sweeps[key] = (run[0], swept.generation, max(run[2], swept.cutoff))
+        else:
+            self._sweeps[key] = (swept.previous, swept.generation, swept.cutoff)
         self.generations.observe(key, swept.generation)
         if self.on_generation is not None:
             self.on_generation(key, swept.generation)
-        if isinstance(cached, CompactPartition) and cached.generation == swept.previous:
+        if cached is None or cached.generation != swept.previous:
+            return
+        if isinstance(cached, CompactPartition):
             changed = cached.removed([r.seq for r in swept.removed], swept.generation, swept.usage)
             if changed is not None:
                 self._cache.put(key, changed)
                 self.indexer.maybe_index(key, changed)
-        self._metrics.snapshot_invalidations.labels("expiry").inc()
+        elif self._holds_none(cached, swept.cutoff):
+            # Its entries and usage (counted from the rows it read) are
+            # what a load would read now: only the generation moves on.
+            self._cache.put(key, dataclasses.replace(cached, generation=swept.generation))
+
+    def swept_only(self, partition: AnyPartition, shown_expires: float) -> bool:
+        """Whether, since `partition`'s generation, only this process's
+        sweep advanced its partition, removing entries expired before
+        anything it holds and before `shown_expires` (a POSIX time: the
+        first expiry among what a view built from it shows).
+
+        Such entries were hidden from the moment they expired, by every
+        read and by the clock: removing them changes nothing a view shows,
+        so its frozen block stays current (no rebuild at each of a long
+        sweep's batches). The turn still reads the current partition
+        (`is_fresh` is False). A write, an erasure or another process's
+        write in between ends the run; a clock set back before an entry
+        removed fails the comparison of expiries (it would show again)."""
+        key = (partition.tier, partition.owner)
+        run = self._sweeps.get(key)
+        if run is None:
+            return False
+        first, last, cutoff = run
+        if not first <= partition.generation <= last or self.generations.current(key) != last:
+            return False
+        return _before(cutoff, shown_expires) and self._holds_none(partition, cutoff)
+
+    def _holds_none(self, partition: AnyPartition, cutoff: int) -> bool:
+        """Whether the partition is current by the clock and holds no entry
+        expired by `cutoff` (microseconds): a full one was loaded without
+        them; a compact one holds every row, but reads each back by the
+        clock (its expires is inf)."""
+        now = self.clock().timestamp()
+        return partition.hidden <= now < partition.expires and _before(cutoff, partition.expires)
 
     def _without(
         self, key: PartitionKey, cached: AnyPartition, seqs: tuple[int, ...], previous: int
@@ -446,3 +496,13 @@ class Partitions:
         followed = set(held).union(self._cache.keys())
         self.generations.retain(followed)
         self.erasures.retain(followed)
+        for key in list(self._sweeps):
+            if key not in followed:
+                self._sweeps.pop(key, None)
+
+
+def _before(cutoff: int, expires: float) -> bool:
+    """Whether `cutoff` (microseconds) is before `expires` (a POSIX time;
+    inf: never). One microsecond over: no float rounding lets an entry that
+    expired at the cutoff itself pass for a later one."""
+    return expires * 1_000_000 > cutoff + 1

@@ -59,13 +59,16 @@ class Expired(NamedTuple):
 
 class Swept(NamedTuple):
     """One sweep batch of one partition: the rows removed, the partition's
-    usage after, and its generations before and after (equal: nothing was
-    removed)."""
+    usage after, its generations before and after (equal: nothing was
+    removed), and the time (microseconds) every row removed had expired by:
+    hidden by every read since then, so nothing that shows only entries
+    expiring later showed any of them (sidecar.domain.partition)."""
 
     removed: tuple[Expired, ...]
     usage: Usage
     previous: int
     generation: int
+    cutoff: int
 
 
 def purge(
@@ -225,11 +228,12 @@ class ExpiryStore:
         backend = self._backend
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
             state = backend.lock_partition(owner, tier.value)
-            after, removed = purge(tables, owner, tier, state, now - self.grace, limit)
+            cutoff = now - self.grace
+            after, removed = purge(tables, owner, tier, state, cutoff, limit)
             if not removed:
-                return Swept((), usage_of(state), state.generation, state.generation)
+                return Swept((), usage_of(state), state.generation, state.generation, cutoff)
             generation = advance(tables, owner, tier, after, removed, None, now)
-        return Swept(tuple(removed), usage_of(after), state.generation, generation)
+        return Swept(tuple(removed), usage_of(after), state.generation, generation, cutoff)
 
     def discounted(
         self, states: Mapping[tuple[str, str], PartitionState], now: int
