@@ -27,6 +27,7 @@ here only), the sweep's steps. Must not touch: gRPC or protobuf
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +41,12 @@ from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires
 
 log = logging.getLogger("sidecar.expiry")
+
+# How long the background sweep rests after each batch, as a multiple of
+# the time the batch took: a sweep of a mass expiry (a hundred thousand
+# rows, hundreds of batches) then takes at most half of the CPU and of the
+# write lock while it runs, and turns and writes keep theirs.
+PACE = 1.0
 
 # The furthest an expiry may lie ahead: past this a TTL is a mistake (a
 # timestamp passed as seconds), not a plan. 100 years.
@@ -140,11 +147,14 @@ class Expiry:
         *,
         max_batches: int = 1000,
         stop: Callable[[], bool] = lambda: False,
+        rest: Callable[[float], object] | None = None,
     ) -> int:
         """Remove entries expired by `now` (the clock's time by default)
         minus the store's grace, at most `batch` per partition per
         transaction and `max_batches` transactions in all, until `stop` says
-        so; return how many were removed."""
+        so; return how many were removed. With `rest` (the background
+        sweep's: its stop event's wait), rest after each batch that removed
+        something, PACE times as long as it took."""
         at = self.now() if now is None else to_micros(now)
         removed = batches = 0
         while batches < max_batches and not stop():
@@ -155,6 +165,7 @@ class Expiry:
                 if stop():
                     break
                 key = (tier, owner)
+                started = time.monotonic()
                 # A write of this process to the partition and the update of
                 # its cached copy never interleave with this batch.
                 with self._partitions.writing([key]):
@@ -162,6 +173,8 @@ class Expiry:
                     self._partitions.swept(key, swept)
                 removed += len(swept.removed)
                 batches += 1
+                if rest is not None and swept.removed:
+                    rest(PACE * (time.monotonic() - started))
         if removed:
             log.debug("expiry sweep removed %d entries", removed)
         return removed

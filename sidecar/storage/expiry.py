@@ -232,7 +232,12 @@ class ExpiryStore:
             after, removed = purge(tables, owner, tier, state, cutoff, limit)
             if not removed:
                 return Swept((), usage_of(state), state.generation, state.generation, cutoff)
-            generation = advance(tables, owner, tier, after, removed, None, now)
+            generation = tables.advance(owner, tier, after, [gone.seq for gone in removed])
+            # One statement per batch of events, not one per entry: the sweep
+            # holds the write lock (and, in Python, the GIL turns need) the
+            # less for it.
+            ids = [gone.memory_id for gone in removed]
+            tables.logged_many(owner, tier, generation, "expire", ids, now)
         return Swept(tuple(removed), usage_of(after), state.generation, generation, cutoff)
 
     def discounted(
