@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import io
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -363,6 +364,29 @@ def test_the_sweep_removes_expired_rows_in_batches(
     assert len({g for g, m in expired if m in mine}) == 3
     assert sidecar.sidecar.engine.sweep_expired() == 0
     assert contents(sidecar, SCOPE, include_expired=True) == ["note kept"]
+
+
+def test_a_paced_sweep_rests_after_each_batch_and_stops_while_resting(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = make_sidecar(expiry_sweep_batch=2, **NO_SWEEP, **NO_GRACE)
+    engine = sidecar.sidecar.engine
+    briefs = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
+    wait_past(clock, briefs[-1])
+    rests: list[float] = []
+    assert engine.sweep_expired(rest=rests.append) == 5
+    # Once after each of the three batches, as long as the batch took.
+    assert len(rests) == 3
+    assert min(rests) >= 0
+
+    # Told to stop while resting (the server's stop event wakes its wait):
+    # the pass ends there, the rest left for the next.
+    briefs = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
+    wait_past(clock, briefs[-1])
+    stopped = threading.Event()
+    assert engine.sweep_expired(stop=stopped.is_set, rest=lambda _: stopped.set()) == 2
+    assert row_count(sidecar) == 3
+    assert engine.sweep_expired() == 3
 
 
 def test_the_background_sweep_runs(clock: WallClock, make_sidecar: MakeSidecar) -> None:

@@ -27,7 +27,8 @@ cached partition can be updated by the write's delta instead of being read
 back whole. Stripes are taken in index order; inside them only the
 dictionary locks of Generations and the LRU.
 
-Owns: the partition cache, the generations, the change feed's callback.
+Owns: the partition cache, the generations, the change feed's callback,
+the runs of the expiry sweep's batches (which leave views current).
 Must not touch: snapshots and sessions (sidecar.domain.snapshots), rendering, or
 ranking; the database only through the store.
 """
@@ -116,10 +117,7 @@ class Partitions:
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
         self.on_generation = on_generation
-        # Per partition, the last run of generations this process's sweep
-        # alone advanced it through: (first, last, cutoff), every entry
-        # removed meanwhile expired by cutoff (microseconds). See swept_only.
-        self._sweeps: dict[PartitionKey, tuple[int, int, int]] = {}
+        self._sweeps = SweepRuns()
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -409,20 +407,12 @@ class Partitions:
         """The expiry sweep removed some of the partition's entries (under
         `writing`): a cached compact partition takes them out, as deletes
         (a million entries are not read again for one expiry); a full one
-        reloads at its next use, unless it holds none of them (it was
-        loaded without them, as expired): then it is current as it is.
-        Views built before stay current (see swept_only): what was removed
-        was hidden already."""
+        loaded without them (as expired) moves on as it is, any other
+        reloads at its next use. Views stay current (see swept_only)."""
         if swept.generation == swept.previous:
             return
         cached = self._cache.get(key)
-        run = self._sweeps.get(key)
-        if run is not None and run[1] == swept.previous:
-            # The state row was locked at the run's last generation: no
-            # other write came in between, so the run goes on.
-            self._sweeps[key] = (run[0], swept.generation, max(run[2], swept.cutoff))
-        else:
-            self._sweeps[key] = (swept.previous, swept.generation, swept.cutoff)
+        self._sweeps.add(key, swept)
         self.generations.observe(key, swept.generation)
         if self.on_generation is not None:
             self.on_generation(key, swept.generation)
@@ -433,40 +423,19 @@ class Partitions:
             if changed is not None:
                 self._cache.put(key, changed)
                 self.indexer.maybe_index(key, changed)
-        elif self._holds_none(cached, swept.cutoff):
-            # Its entries and usage (counted from the rows it read) are
-            # what a load would read now: only the generation moves on.
+        elif _holds_none(cached, swept.cutoff, self.clock().timestamp()):
+            # Entries and usage (of the rows it read) as a load would read.
             self._cache.put(key, dataclasses.replace(cached, generation=swept.generation))
 
     def swept_only(self, partition: AnyPartition, shown_expires: float) -> bool:
-        """Whether, since `partition`'s generation, only this process's
-        sweep advanced its partition, removing entries expired before
-        anything it holds and before `shown_expires` (a POSIX time: the
-        first expiry among what a view built from it shows).
-
-        Such entries were hidden from the moment they expired, by every
-        read and by the clock: removing them changes nothing a view shows,
-        so its frozen block stays current (no rebuild at each of a long
-        sweep's batches). The turn still reads the current partition
-        (`is_fresh` is False). A write, an erasure or another process's
-        write in between ends the run; a clock set back before an entry
-        removed fails the comparison of expiries (it would show again)."""
+        """Whether only this process's sweep advanced the partition since
+        `partition`, removing entries expired before all it holds and
+        `shown_expires` (a view's first, POSIX): hidden already, so the
+        view's frozen block stays current; turns read the current one."""
         key = (partition.tier, partition.owner)
-        run = self._sweeps.get(key)
-        if run is None:
-            return False
-        first, last, cutoff = run
-        if not first <= partition.generation <= last or self.generations.current(key) != last:
-            return False
-        return _before(cutoff, shown_expires) and self._holds_none(partition, cutoff)
-
-    def _holds_none(self, partition: AnyPartition, cutoff: int) -> bool:
-        """Whether the partition is current by the clock and holds no entry
-        expired by `cutoff` (microseconds): a full one was loaded without
-        them; a compact one holds every row, but reads each back by the
-        clock (its expires is inf)."""
+        cutoff = self._sweeps.cutoff(key, partition.generation, self.generations.current(key))
         now = self.clock().timestamp()
-        return partition.hidden <= now < partition.expires and _before(cutoff, partition.expires)
+        return cutoff is not None and _holds_none(partition, cutoff, now, shown_expires)
 
     def _without(
         self, key: PartitionKey, cached: AnyPartition, seqs: tuple[int, ...], previous: int
@@ -496,13 +465,52 @@ class Partitions:
         followed = set(held).union(self._cache.keys())
         self.generations.retain(followed)
         self.erasures.retain(followed)
-        for key in list(self._sweeps):
-            if key not in followed:
-                self._sweeps.pop(key, None)
+        self._sweeps.retain(followed)
 
 
-def _before(cutoff: int, expires: float) -> bool:
-    """Whether `cutoff` (microseconds) is before `expires` (a POSIX time;
-    inf: never). One microsecond over: no float rounding lets an entry that
-    expired at the cutoff itself pass for a later one."""
-    return expires * 1_000_000 > cutoff + 1
+class SweepRuns:
+    """Per partition, the last run of generations this process's expiry
+    sweep alone advanced it through, and the latest expiry it removed."""
+
+    def __init__(self) -> None:
+        # key -> (first, last, cutoff): every entry removed expired by
+        # cutoff (microseconds).
+        self._of: dict[PartitionKey, tuple[int, int, int]] = {}
+
+    def add(self, key: PartitionKey, swept: Swept) -> None:
+        """A batch of the sweep committed (under the partition's stripe)."""
+        run = self._of.get(key)
+        if run is not None and run[1] == swept.previous:
+            # The batch locked the state row at the run's last generation:
+            # no other write came in between, so the run goes on.
+            self._of[key] = (run[0], swept.generation, max(run[2], swept.cutoff))
+        else:
+            self._of[key] = (swept.previous, swept.generation, swept.cutoff)
+
+    def cutoff(self, key: PartitionKey, generation: int, newest: int | None) -> int | None:
+        """The latest expiry the sweep removed since `generation`, if its
+        run alone took the partition from there to `newest`; else None."""
+        run = self._of.get(key)
+        if run is None or newest != run[1] or not run[0] <= generation <= run[1]:
+            return None
+        return run[2]
+
+    def retain(self, keys: Collection[PartitionKey]) -> None:
+        """Forget the runs of partitions not in `keys` (no longer followed)."""
+        for key in list(self._of):
+            if key not in keys:
+                self._of.pop(key, None)
+
+
+def _holds_none(
+    partition: AnyPartition, cutoff: int, now: float, shown_expires: float = math.inf
+) -> bool:
+    """Whether the partition is current by the clock (`now`) and neither it
+    nor a view showing entries expiring at `shown_expires` (POSIX) or later
+    holds an entry expired by `cutoff` (microseconds): a full partition was
+    loaded without them; a compact one holds every row but reads each back
+    by the clock (its expires is inf)."""
+    first = min(partition.expires, shown_expires)
+    # One microsecond over: no float rounding lets an entry that expired
+    # at the cutoff itself pass for a later one.
+    return partition.hidden <= now < partition.expires and first * 1_000_000 > cutoff + 1
