@@ -17,7 +17,10 @@ The sweep is a steppable loop (`run_once(now)`, started by sidecar.api.server):
 each step removes up to `batch` expired rows per partition, one write
 transaction per partition (its state row locked, an `expire` event per
 entry, the generation advanced so other replicas hear of it through the
-change feed), then updates this process's caches as a delete does.
+change feed), then updates this process's caches as a delete does, except
+that views stay current: what a batch removes was hidden already
+(sidecar.domain.partition, `swept_only`). The background sweep rests after
+each batch (PACE), so a mass expiry leaves turns and writes their share.
 
 Owns: resolving and checking requested expiries (a write's `Expires`, made
 here only), the sweep's steps. Must not touch: gRPC or protobuf
