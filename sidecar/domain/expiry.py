@@ -40,6 +40,7 @@ from sidecar.core.clock import from_micros, to_micros
 from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.partition import Partitions
+from sidecar.storage.expiry import Swept
 from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires
 
@@ -172,7 +173,7 @@ class Expiry:
                 # A write of this process to the partition and the update of
                 # its cached copy never interleave with this batch.
                 with self._partitions.writing([key]):
-                    swept = self._store.expiry.sweep(tier, owner, at, self.batch)
+                    swept = self._sweep(key, at)
                     self._partitions.swept(key, swept)
                 removed += len(swept.removed)
                 batches += 1
@@ -181,6 +182,21 @@ class Expiry:
         if removed:
             log.debug("expiry sweep removed %d entries", removed)
         return removed
+
+    def _sweep(self, key: tuple[Tier, str], at: int) -> Swept:
+        """One batch of one partition. Its run of removals is noted before
+        the commit: the change feed may hear of the new generation before
+        this thread gets on, and a turn in between must not take the batch
+        for a write. A batch that fails is forgotten (its generation may
+        be taken again by a write)."""
+        tier, owner = key
+        try:
+            return self._store.expiry.sweep(
+                tier, owner, at, self.batch, lambda swept: self._partitions.sweeps.add(key, swept)
+            )
+        except BaseException:
+            self._partitions.sweeps.forget(key)
+            raise
 
 
 def _conflict(field: str) -> InvalidArgument:

@@ -117,7 +117,8 @@ class Partitions:
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
         self.on_generation = on_generation
-        self._sweeps = SweepRuns()
+        # The expiry sweep's runs of batches (sidecar.domain.expiry notes each).
+        self.sweeps = SweepRuns()
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -412,7 +413,7 @@ class Partitions:
         if swept.generation == swept.previous:
             return
         cached = self._cache.get(key)
-        self._sweeps.add(key, swept)
+        self.sweeps.add(key, swept)
         self.generations.observe(key, swept.generation)
         if self.on_generation is not None:
             self.on_generation(key, swept.generation)
@@ -433,7 +434,7 @@ class Partitions:
         `shown_expires` (a view's first, POSIX): hidden already, so the
         view's frozen block stays current; turns read the current one."""
         key = (partition.tier, partition.owner)
-        cutoff = self._sweeps.cutoff(key, partition.generation, self.generations.current(key))
+        cutoff = self.sweeps.cutoff(key, partition.generation, self.generations.current(key))
         now = self.clock().timestamp()
         return cutoff is not None and _holds_none(partition, cutoff, now, shown_expires)
 
@@ -465,7 +466,7 @@ class Partitions:
         followed = set(held).union(self._cache.keys())
         self.generations.retain(followed)
         self.erasures.retain(followed)
-        self._sweeps.retain(followed)
+        self.sweeps.retain(followed)
 
 
 class SweepRuns:
@@ -480,6 +481,8 @@ class SweepRuns:
     def add(self, key: PartitionKey, swept: Swept) -> None:
         """A batch of the sweep committed (under the partition's stripe)."""
         run = self._of.get(key)
+        if run is not None and run[0] <= swept.previous < swept.generation <= run[1]:
+            return  # noted before its commit already
         if run is not None and run[1] == swept.previous:
             # The batch locked the state row at the run's last generation:
             # no other write came in between, so the run goes on.
@@ -489,11 +492,16 @@ class SweepRuns:
 
     def cutoff(self, key: PartitionKey, generation: int, newest: int | None) -> int | None:
         """The latest expiry the sweep removed since `generation`, if its
-        run alone took the partition from there to `newest`; else None."""
+        run alone took the partition from there to `newest` (not yet at the
+        run's end: the last batch is noted before it commits); else None."""
         run = self._of.get(key)
-        if run is None or newest != run[1] or not run[0] <= generation <= run[1]:
+        if run is None or newest is None or not run[0] <= generation <= newest <= run[1]:
             return None
         return run[2]
+
+    def forget(self, key: PartitionKey) -> None:
+        """A batch failed: its views rebuild, as after a write."""
+        self._of.pop(key, None)
 
     def retain(self, keys: Collection[PartitionKey]) -> None:
         """Forget the runs of partitions not in `keys` (no longer followed)."""

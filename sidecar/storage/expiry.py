@@ -33,7 +33,7 @@ engine, configuration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from sidecar.core.errors import NotFound, Reason
@@ -218,12 +218,20 @@ class ExpiryStore:
             rows = self._db.execute_sql(sql, (now - self.grace, limit)).fetchall()
         return list(dict.fromkeys((Tier(tier), str(owner)) for tier, owner in rows))
 
-    def sweep(self, tier: Tier, owner: str, now: int, limit: int) -> Swept:
+    def sweep(
+        self,
+        tier: Tier,
+        owner: str,
+        now: int,
+        limit: int,
+        before_commit: Callable[[Swept], None] | None = None,
+    ) -> Swept:
         """Remove up to `limit` of the partition's rows expired by `now`
         minus the grace in one write transaction: lock its state row,
         delete, store its new totals and generation (with the seqs, so a
         compact tier's change log has them) and log an `expire` event per
-        entry."""
+        entry. `before_commit` is told what was removed just before the
+        commit (the caches must know it before any feed hears of it)."""
         tables = self._tables
         backend = self._backend
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
@@ -238,7 +246,10 @@ class ExpiryStore:
             # less for it.
             ids = [gone.memory_id for gone in removed]
             tables.logged_many(owner, tier, generation, "expire", ids, now)
-        return Swept(tuple(removed), usage_of(after), state.generation, generation, cutoff)
+            swept = Swept(tuple(removed), usage_of(after), state.generation, generation, cutoff)
+            if before_commit is not None:
+                before_commit(swept)
+        return swept
 
     def discounted(
         self, states: Mapping[tuple[str, str], PartitionState], now: int

@@ -182,3 +182,28 @@ def test_a_run_of_sweeps_keeps_views_current_until_another_write_comes_between(
 
     partitions.swept(key, Swept(gone, usage, g + 25, g + 30, long_ago))
     assert not engine.inject(SCOPE, "s").cache_hit
+
+
+def test_a_sweep_batch_heard_from_the_feed_before_its_caches_are_told_keeps_views(
+    make_engine: MakeEngine,
+) -> None:
+    # The batch is noted before its commit: the feed may deliver its
+    # generation before the sweeping thread updates the caches. A batch
+    # whose commit failed is forgotten, and views rebuild.
+    engine, _, _ = make_engine()
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
+    first = engine.inject(SCOPE, "s")
+    partitions = engine.inside().partitions
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = partitions.cached(key)
+    assert held is not None
+    g = held.generation
+    batch = Swept((Expired(10**9, "gone", 5),), held.usage, g, g + 10, 1_000_000)
+    partitions.sweeps.add(key, batch)
+    assert engine.inject(SCOPE, "s").cache_hit  # noted, not committed yet
+    partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, g + 10)
+    turn = engine.inject(SCOPE, "s")
+    assert turn.cache_hit
+    assert turn.generation == first.generation
+    partitions.sweeps.forget(key)
+    assert not engine.inject(SCOPE, "s").cache_hit
