@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import io
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -42,6 +43,7 @@ from tests.conftest import (
     eventually,
     refused,
 )
+from tests.test_watch import Watcher
 
 pytestmark = pytest.mark.contract
 
@@ -364,11 +366,124 @@ def test_the_sweep_removes_expired_rows_in_batches(
     assert contents(sidecar, SCOPE, include_expired=True) == ["note kept"]
 
 
+def test_a_paced_sweep_rests_after_each_batch_and_stops_while_resting(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = make_sidecar(expiry_sweep_batch=2, **NO_SWEEP, **NO_GRACE)
+    engine = sidecar.sidecar.engine
+    briefs = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
+    wait_past(clock, briefs[-1])
+    rests: list[float] = []
+    assert engine.sweep_expired(rest=rests.append) == 5
+    # Once after each of the three batches, as long as the batch took.
+    assert len(rests) == 3
+    assert min(rests) >= 0
+
+    # Told to stop while resting (the server's stop event wakes its wait):
+    # the pass ends there, the rest left for the next.
+    briefs = [sidecar.add(f"note {i}", scope=SCOPE, ttl_seconds=1) for i in range(5)]
+    wait_past(clock, briefs[-1])
+    stopped = threading.Event()
+    assert engine.sweep_expired(stop=stopped.is_set, rest=lambda _: stopped.set()) == 2
+    assert row_count(sidecar) == 3
+    assert engine.sweep_expired() == 3
+
+
 def test_the_background_sweep_runs(clock: WallClock, make_sidecar: MakeSidecar) -> None:
     sidecar = make_sidecar(expiry_sweep_seconds=0.1, **NO_GRACE)
     brief = sidecar.add("note", scope=SCOPE, ttl_seconds=1)
     wait_past(clock, brief)
     eventually(lambda: row_count(sidecar) == 0, "the sweep removes the row", pause=0.05)
+
+
+@pytest.mark.parametrize("held", ["in_full", "compactly"])
+def test_a_sweep_of_hidden_entries_keeps_frozen_blocks_and_tells_watchers_and_replicas(
+    clock: WallClock, make_sidecar: MakeSidecar, held: str
+) -> None:
+    # Removing entries that were hidden already changes nothing a frozen
+    # block shows: however many batches (generations) the sweep takes, the
+    # session keeps its block, while watchers see each removal once and
+    # another replica drops them from what it holds.
+    server = {"compact_tier_entries": 4} if held == "compactly" else {}
+    settings = "defaults: {memory_char_limit: 0}"
+    a = make_sidecar(settings, expiry_sweep_batch=2, **server, **NO_SWEEP, **NO_GRACE)
+    b = make_sidecar(settings, **server, **NO_SWEEP, **NO_GRACE)
+    for i in range(5):
+        a.add(f"Standing fact number {i} about the staging cluster", scope=SCOPE)
+    briefs = [
+        a.add(f"Brief {i}: the staging cluster is down", scope=SCOPE, ttl_seconds=TTL)
+        for i in range(5)
+    ]
+    gone = {brief.memory.id for brief in briefs}
+    watcher = Watcher(a.stub, scope=SCOPE)
+    assert watcher.next().kind == pb.MemoryEvent.KIND_SYNC
+    wait_past(clock, briefs[-1])
+    first = a.turn("s", "staging", scope=SCOPE)
+    assert len(first.system_block_memory_ids) == 5
+    assert not gone & (set(first.system_block_memory_ids) | set(first.injected_memory_ids))
+    eventually(
+        lambda: len(b.turn("s", "staging", scope=SCOPE).system_block_memory_ids) == 5,
+        "B hears A's writes",
+        pause=0.02,
+    )
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held_by_b = b.sidecar.engine.inside().partitions.cached(key)
+    # A compact tier holds its expired rows until removed (it reads entries
+    # back by the clock); one held in full was loaded without them.
+    assert held_by_b is not None
+    assert held_by_b.count == (10 if held == "compactly" else 5)
+
+    try:
+        assert a.sidecar.engine.sweep_expired() == 5
+        swept = events(a, "expire")
+        assert len({g for g, _ in swept}) == 3  # two per batch
+        for message in ("staging", "cluster down", ""):
+            turn = a.turn("s", message, scope=SCOPE)
+            assert turn.cache_hit
+            assert turn.snapshot_generation == first.snapshot_generation
+            assert turn.system_block == first.system_block
+            assert not gone & set(turn.injected_memory_ids)
+        # Each removal reaches watchers once, in generation order.
+        expired = watcher.take(5)
+        assert [e.kind for e in expired] == [pb.MemoryEvent.KIND_EXPIRE] * 5
+        assert {e.id for e in expired} == gone
+        assert [e.generation for e in expired] == sorted(e.generation for e in expired)
+        note = a.add("The repo uses uv", scope=SCOPE)
+        after = watcher.next()
+        assert (after.kind, after.id) == (pb.MemoryEvent.KIND_ADD, note.memory.id)
+    finally:
+        watcher.close()
+
+    # The replica hears the removals' generations and holds the tier without them.
+    def b_dropped() -> bool:
+        turn = b.turn("s", "staging", scope=SCOPE)
+        assert not gone & (set(turn.system_block_memory_ids) | set(turn.injected_memory_ids))
+        cached = b.sidecar.engine.inside().partitions.cached(key)
+        return cached is not None and cached.count == 6
+
+    eventually(b_dropped, "B drops the removed entries", pause=0.02)
+
+
+def test_a_sweep_removing_what_a_frozen_block_shows_rebuilds_it(
+    clock: WallClock, make_sidecar: MakeSidecar
+) -> None:
+    # The block still shows an entry when the sweep removes it (it was
+    # built before the entry expired); a clock then set back before that
+    # expiry must not bring the removed entry back from the frozen block.
+    sidecar = make_sidecar(**NO_SWEEP, **NO_GRACE)
+    brief = sidecar.add("The staging cluster is down today", scope=SCOPE, ttl_seconds=TTL)
+    sidecar.add("The repo uses uv", scope=SCOPE)
+    first = sidecar.turn("s", scope=SCOPE)
+    assert brief.memory.id in first.system_block_memory_ids
+    right = clock.now
+    wait_past(clock, brief)
+    assert sidecar.sidecar.engine.sweep_expired() == 1
+    clock.now = right
+    back = sidecar.turn("s", scope=SCOPE)
+    assert not back.cache_hit
+    assert back.snapshot_generation > first.snapshot_generation
+    assert brief.memory.id not in back.system_block_memory_ids
+    assert "uses uv" in back.system_block
 
 
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])

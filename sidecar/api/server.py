@@ -375,7 +375,8 @@ class Sidecar:
         interval = self.config.server.expiry_sweep_seconds
         while not self._stopped.wait(interval):
             try:
-                self.engine.sweep_expired(stop=self._stopped.is_set)
+                # Paced: it rests between batches (waking at once to stop).
+                self.engine.sweep_expired(stop=self._stopped.is_set, rest=self._stopped.wait)
             except SidecarError as exc:  # a database fault: its reason says it all
                 why = f"{exc} ({exc.reason})"
                 log.warning("expiry sweep failed: %s; trying again in %.1f s", why, interval)

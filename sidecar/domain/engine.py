@@ -406,7 +406,10 @@ class MemoryEngine(Rooms):
             view is not None
             and (view.scope is None or view.scope == scope)
             # A frozen view is never served past an erasure of what it shows.
-            and ((frozen and not self._partitions.shows_erased(view.partitions)) or all(fresh))
+            and (
+                (frozen and not self._partitions.shows_erased(view.partitions))
+                or self._snapshots.current(view, fresh)
+            )
             and not self._snapshots.expired(view)
         )
         if not hit:

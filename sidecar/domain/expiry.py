@@ -17,7 +17,10 @@ The sweep is a steppable loop (`run_once(now)`, started by sidecar.api.server):
 each step removes up to `batch` expired rows per partition, one write
 transaction per partition (its state row locked, an `expire` event per
 entry, the generation advanced so other replicas hear of it through the
-change feed), then updates this process's caches as a delete does.
+change feed), then updates this process's caches as a delete does, except
+that views stay current: what a batch removes was hidden already
+(sidecar.domain.partition, `swept_only`). The background sweep rests after
+each batch (PACE), so a mass expiry leaves turns and writes their share.
 
 Owns: resolving and checking requested expiries (a write's `Expires`, made
 here only), the sweep's steps. Must not touch: gRPC or protobuf
@@ -27,6 +30,7 @@ here only), the sweep's steps. Must not touch: gRPC or protobuf
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,10 +40,17 @@ from sidecar.core.clock import from_micros, to_micros
 from sidecar.core.errors import InvalidArgument, Reason
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.partition import Partitions
+from sidecar.storage.expiry import Swept
 from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires
 
 log = logging.getLogger("sidecar.expiry")
+
+# How long the background sweep rests after each batch, as a multiple of
+# the time the batch took: a sweep of a mass expiry (a hundred thousand
+# rows, hundreds of batches) then takes at most half of the CPU and of the
+# write lock while it runs, and turns and writes keep theirs.
+PACE = 1.0
 
 # The furthest an expiry may lie ahead: past this a TTL is a mistake (a
 # timestamp passed as seconds), not a plan. 100 years.
@@ -140,11 +151,14 @@ class Expiry:
         *,
         max_batches: int = 1000,
         stop: Callable[[], bool] = lambda: False,
+        rest: Callable[[float], object] | None = None,
     ) -> int:
         """Remove entries expired by `now` (the clock's time by default)
         minus the store's grace, at most `batch` per partition per
         transaction and `max_batches` transactions in all, until `stop` says
-        so; return how many were removed."""
+        so; return how many were removed. With `rest` (the background
+        sweep's: its stop event's wait), rest after each batch that removed
+        something, PACE times as long as it took."""
         at = self.now() if now is None else to_micros(now)
         removed = batches = 0
         while batches < max_batches and not stop():
@@ -155,16 +169,34 @@ class Expiry:
                 if stop():
                     break
                 key = (tier, owner)
+                started = time.monotonic()
                 # A write of this process to the partition and the update of
                 # its cached copy never interleave with this batch.
                 with self._partitions.writing([key]):
-                    swept = self._store.expiry.sweep(tier, owner, at, self.batch)
+                    swept = self._sweep(key, at)
                     self._partitions.swept(key, swept)
                 removed += len(swept.removed)
                 batches += 1
+                if rest is not None and swept.removed:
+                    rest(PACE * (time.monotonic() - started))
         if removed:
             log.debug("expiry sweep removed %d entries", removed)
         return removed
+
+    def _sweep(self, key: tuple[Tier, str], at: int) -> Swept:
+        """One batch of one partition. Its run of removals is noted before
+        the commit: the change feed may hear of the new generation before
+        this thread gets on, and a turn in between must not take the batch
+        for a write. A batch that fails is forgotten (its generation may
+        be taken again by a write)."""
+        tier, owner = key
+        try:
+            return self._store.expiry.sweep(
+                tier, owner, at, self.batch, lambda swept: self._partitions.sweeps.add(key, swept)
+            )
+        except BaseException:
+            self._partitions.sweeps.forget(key)
+            raise
 
 
 def _conflict(field: str) -> InvalidArgument:

@@ -30,7 +30,8 @@ the partition without it, at the write's previous generation, or with it.)
 Stripes are taken in index order; inside them only the dictionary locks of
 Generations and the LRU.
 
-Owns: the partition cache, the generations, the change feed's callback.
+Owns: the partition cache, the generations, the change feed's callback,
+the runs of the expiry sweep's batches (which leave views current).
 Must not touch: snapshots and sessions (sidecar.domain.snapshots), rendering, or
 ranking; the database only through the store.
 """
@@ -38,6 +39,7 @@ ranking; the database only through the store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -118,6 +120,8 @@ class Partitions:
         # Told of every generation this process writes or hears of: the one
         # place both arrive (sidecar.domain.watch wakes its streams).
         self.on_generation = on_generation
+        # The expiry sweep's runs of batches (sidecar.domain.expiry notes each).
+        self.sweeps = SweepRuns()
         # Labelled child looked up once: every remote write touches it.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
@@ -407,19 +411,35 @@ class Partitions:
         """The expiry sweep removed some of the partition's entries (under
         `writing`): a cached compact partition takes them out, as deletes
         (a million entries are not read again for one expiry); a full one
-        reloads at its next use."""
+        loaded without them (as expired) moves on as it is, any other
+        reloads at its next use. Views stay current (see swept_only)."""
         if swept.generation == swept.previous:
             return
         cached = self._cache.get(key)
+        self.sweeps.add(key, swept)
         self.generations.observe(key, swept.generation)
         if self.on_generation is not None:
             self.on_generation(key, swept.generation)
-        if isinstance(cached, CompactPartition) and cached.generation == swept.previous:
+        if cached is None or cached.generation != swept.previous:
+            return
+        if isinstance(cached, CompactPartition):
             changed = cached.removed([r.seq for r in swept.removed], swept.generation, swept.usage)
             if changed is not None:
                 self._cache.put(key, changed)
                 self.indexer.maybe_index(key, changed)
-        self._metrics.snapshot_invalidations.labels("expiry").inc()
+        elif _holds_none(cached, swept.cutoff, self.clock().timestamp()):
+            # Entries and usage (of the rows it read) as a load would read.
+            self._cache.put(key, dataclasses.replace(cached, generation=swept.generation))
+
+    def swept_only(self, partition: AnyPartition, shown_expires: float) -> bool:
+        """Whether only this process's sweep advanced the partition since
+        `partition`, removing entries expired before all it holds and
+        `shown_expires` (a view's first, POSIX): hidden already, so the
+        view's frozen block stays current; turns read the current one."""
+        key = (partition.tier, partition.owner)
+        cutoff = self.sweeps.cutoff(key, partition.generation, self.generations.current(key))
+        now = self.clock().timestamp()
+        return cutoff is not None and _holds_none(partition, cutoff, now, shown_expires)
 
     def _without(
         self, key: PartitionKey, cached: AnyPartition, seqs: tuple[int, ...], previous: int
@@ -449,3 +469,59 @@ class Partitions:
         followed = set(held).union(self._cache.keys())
         self.generations.retain(followed)
         self.erasures.retain(followed)
+        self.sweeps.retain(followed)
+
+
+class SweepRuns:
+    """Per partition, the last run of generations this process's expiry
+    sweep alone advanced it through, and the latest expiry it removed."""
+
+    def __init__(self) -> None:
+        # key -> (first, last, cutoff): every entry removed expired by
+        # cutoff (microseconds).
+        self._of: dict[PartitionKey, tuple[int, int, int]] = {}
+
+    def add(self, key: PartitionKey, swept: Swept) -> None:
+        """A batch of the sweep committed (under the partition's stripe)."""
+        run = self._of.get(key)
+        if run is not None and run[0] <= swept.previous < swept.generation <= run[1]:
+            return  # noted before its commit already
+        if run is not None and run[1] == swept.previous:
+            # The batch locked the state row at the run's last generation:
+            # no other write came in between, so the run goes on.
+            self._of[key] = (run[0], swept.generation, max(run[2], swept.cutoff))
+        else:
+            self._of[key] = (swept.previous, swept.generation, swept.cutoff)
+
+    def cutoff(self, key: PartitionKey, generation: int, newest: int | None) -> int | None:
+        """The latest expiry the sweep removed since `generation`, if its
+        run alone took the partition from there to `newest` (not yet at the
+        run's end: the last batch is noted before it commits); else None."""
+        run = self._of.get(key)
+        if run is None or newest is None or not run[0] <= generation <= newest <= run[1]:
+            return None
+        return run[2]
+
+    def forget(self, key: PartitionKey) -> None:
+        """A batch failed: its views rebuild, as after a write."""
+        self._of.pop(key, None)
+
+    def retain(self, keys: Collection[PartitionKey]) -> None:
+        """Forget the runs of partitions not in `keys` (no longer followed)."""
+        for key in list(self._of):
+            if key not in keys:
+                self._of.pop(key, None)
+
+
+def _holds_none(
+    partition: AnyPartition, cutoff: int, now: float, shown_expires: float = math.inf
+) -> bool:
+    """Whether the partition is current by the clock (`now`) and neither it
+    nor a view showing entries expiring at `shown_expires` (POSIX) or later
+    holds an entry expired by `cutoff` (microseconds): a full partition was
+    loaded without them; a compact one holds every row but reads each back
+    by the clock (its expires is inf)."""
+    first = min(partition.expires, shown_expires)
+    # One microsecond over: no float rounding lets an entry that expired
+    # at the cutoff itself pass for a later one.
+    return partition.hidden <= now < partition.expires and first * 1_000_000 > cutoff + 1

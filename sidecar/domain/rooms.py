@@ -216,11 +216,16 @@ class Rooms:
     # --- background ---------------------------------------------------------
 
     def sweep_expired(
-        self, now: datetime | None = None, *, stop: Callable[[], bool] = lambda: False
+        self,
+        now: datetime | None = None,
+        *,
+        stop: Callable[[], bool] = lambda: False,
+        rest: Callable[[float], object] | None = None,
     ) -> int:
         """Remove entries expired by `now` (the store's clock by default)
-        until `stop` says so; how many (Expiry.run_once)."""
-        return self._expiry.run_once(now, stop=stop)
+        until `stop` says so, resting between batches with `rest`; how many
+        (Expiry.run_once)."""
+        return self._expiry.run_once(now, stop=stop, rest=rest)
 
     def start_feed(self) -> None:
         """Hear other processes' writes from now on (nothing without a feed)."""

@@ -23,7 +23,7 @@ import hashlib
 import math
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,6 +122,18 @@ class Snapshots:
         fresh = [is_fresh(p, scope.owner(p.tier)) for p in view.partitions]
         return fresh if all(fresh) else [False] * len(fresh)
 
+    def current(self, view: View, fresh: Sequence[bool]) -> bool:
+        """Whether the view's frozen block is current, given which of its
+        partitions are fresh (`fresh`): each is, or is behind only by the
+        expiry sweep's removal of entries hidden before any the view shows
+        (Partitions.swept_only). Not judged by the clock (see expired)."""
+        if view.scope is None:
+            return all(fresh)
+        swept_only = self._partitions.swept_only
+        return all(
+            ok or swept_only(p, view.expires) for p, ok in zip(view.partitions, fresh, strict=True)
+        )
+
     def expired(self, view: View) -> bool:
         """Whether an entry the view shows has expired, or one it leaves out
         as expired shows again (the clock was set back): by the clock alone,
@@ -130,7 +142,8 @@ class Snapshots:
         return not view.hidden <= now < view.expires
 
     def _is_current(self, view: View) -> bool:
-        return not self.expired(view) and all(self._partitions.is_fresh(p) for p in view.partitions)
+        fresh = [self._partitions.is_fresh(p) for p in view.partitions]
+        return not self.expired(view) and self.current(view, fresh)
 
     def get(self, scope: Scope, settings: AgentSettings, *, force: bool) -> View:
         """The scope's current snapshot; built once however many callers ask."""

@@ -33,7 +33,7 @@ engine, configuration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from sidecar.core.errors import NotFound, Reason
@@ -59,13 +59,16 @@ class Expired(NamedTuple):
 
 class Swept(NamedTuple):
     """One sweep batch of one partition: the rows removed, the partition's
-    usage after, and its generations before and after (equal: nothing was
-    removed)."""
+    usage after, its generations before and after (equal: nothing was
+    removed), and the time (microseconds) every row removed had expired by:
+    hidden by every read since then, so nothing that shows only entries
+    expiring later showed any of them (sidecar.domain.partition)."""
 
     removed: tuple[Expired, ...]
     usage: Usage
     previous: int
     generation: int
+    cutoff: int
 
 
 def purge(
@@ -241,21 +244,38 @@ class ExpiryStore:
             rows = self._db.execute_sql(sql, (now - self.grace, limit)).fetchall()
         return list(dict.fromkeys((Tier(tier), str(owner)) for tier, owner in rows))
 
-    def sweep(self, tier: Tier, owner: str, now: int, limit: int) -> Swept:
+    def sweep(
+        self,
+        tier: Tier,
+        owner: str,
+        now: int,
+        limit: int,
+        before_commit: Callable[[Swept], None] | None = None,
+    ) -> Swept:
         """Remove up to `limit` of the partition's rows expired by `now`
         minus the grace in one write transaction: lock its state row,
         delete, store its new totals and generation (with the seqs, so a
         compact tier's change log has them) and log an `expire` event per
-        entry."""
+        entry. `before_commit` is told what was removed just before the
+        commit (the caches must know it before any feed hears of it)."""
         tables = self._tables
         backend = self._backend
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
             state = backend.lock_partition(owner, tier.value)
-            after, removed = purge(tables, owner, tier, state, now - self.grace, limit)
+            cutoff = now - self.grace
+            after, removed = purge(tables, owner, tier, state, cutoff, limit)
             if not removed:
-                return Swept((), usage_of(state), state.generation, state.generation)
-            generation = advance(tables, owner, tier, after, removed, None, now)
-        return Swept(tuple(removed), usage_of(after), state.generation, generation)
+                return Swept((), usage_of(state), state.generation, state.generation, cutoff)
+            generation = tables.advance(owner, tier, after, [gone.seq for gone in removed])
+            # One statement per batch of events, not one per entry: the sweep
+            # holds the write lock (and, in Python, the GIL turns need) the
+            # less for it.
+            ids = [gone.memory_id for gone in removed]
+            tables.logged_many(owner, tier, generation, "expire", ids, now)
+            swept = Swept(tuple(removed), usage_of(after), state.generation, generation, cutoff)
+            if before_commit is not None:
+                before_commit(swept)
+        return swept
 
     def discounted(
         self, states: Mapping[tuple[str, str], PartitionState], now: int

@@ -10,6 +10,7 @@ import pytest
 from sidecar.core.memory import Scope, Tier
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.retrieval.partition import Partition
+from sidecar.storage.expiry import Expired, Swept
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
 from tests.conftest import MakeEngine
@@ -147,3 +148,62 @@ def test_a_tier_held_in_full_that_reaches_the_compact_size_is_let_go(
     hits = engine.search(SCOPE, "release train", [Tier.MEMORY], limit=5)
     assert [m.content for m, _ in hits][:1] == ["the last fact, about the release train"]
     assert isinstance(engine.inside().partitions.cached(key), CompactPartition)
+
+
+def test_a_run_of_sweeps_keeps_views_current_until_another_write_comes_between(
+    make_engine: MakeEngine,
+) -> None:
+    # The sweep's batches of entries that expired before anything a view
+    # shows leave the view current, batch after batch; a batch after a
+    # write this process did not make (its previous generation is not the
+    # run's last) starts a new run, which views from before it are not in.
+    engine, _, _ = make_engine()
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
+    first = engine.inject(SCOPE, "s")
+    partitions = engine.inside().partitions
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = partitions.cached(key)
+    assert held is not None
+    g, usage = held.generation, held.usage
+    gone = (Expired(10**9, "gone", 5),)
+    long_ago = 1_000_000  # microseconds: 1970, before anything shown expires
+
+    partitions.swept(key, Swept(gone, usage, g, g + 10, long_ago))
+    partitions.swept(key, Swept(gone, usage, g + 10, g + 20, long_ago))
+    turn = engine.inject(SCOPE, "s")
+    assert turn.cache_hit
+    assert turn.generation == first.generation
+    # Held in full without them: the cached partition moved on as it was.
+    moved = partitions.cached(key)
+    assert isinstance(moved, Partition)
+    assert isinstance(held, Partition)
+    assert moved.generation == g + 20
+    assert moved.memories is held.memories
+
+    partitions.swept(key, Swept(gone, usage, g + 25, g + 30, long_ago))
+    assert not engine.inject(SCOPE, "s").cache_hit
+
+
+def test_a_sweep_batch_heard_from_the_feed_before_its_caches_are_told_keeps_views(
+    make_engine: MakeEngine,
+) -> None:
+    # The batch is noted before its commit: the feed may deliver its
+    # generation before the sweeping thread updates the caches. A batch
+    # whose commit failed is forgotten, and views rebuild.
+    engine, _, _ = make_engine()
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
+    first = engine.inject(SCOPE, "s")
+    partitions = engine.inside().partitions
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = partitions.cached(key)
+    assert held is not None
+    g = held.generation
+    batch = Swept((Expired(10**9, "gone", 5),), held.usage, g, g + 10, 1_000_000)
+    partitions.sweeps.add(key, batch)
+    assert engine.inject(SCOPE, "s").cache_hit  # noted, not committed yet
+    partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, g + 10)
+    turn = engine.inject(SCOPE, "s")
+    assert turn.cache_hit
+    assert turn.generation == first.generation
+    partitions.sweeps.forget(key)
+    assert not engine.inject(SCOPE, "s").cache_hit
