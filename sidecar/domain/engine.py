@@ -146,6 +146,16 @@ def _screen(metrics: Metrics, settings: AgentSettings, field: str, text: str) ->
     )
 
 
+@contextlib.contextmanager
+def _counting_rejections(metrics: Metrics) -> Iterator[None]:
+    """A write's budget refusal, counted by tier on its way out."""
+    try:
+        yield
+    except BudgetExceeded as exc:
+        metrics.budget_rejections.labels(exc.tier).inc()
+        raise
+
+
 class MemoryEngine(Rooms):
     """Everything the service does, over one store.
 
@@ -158,14 +168,6 @@ class MemoryEngine(Rooms):
         return self._config.for_agent(scope.agent_id)
 
     # --- writes -------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _counting_rejections(self) -> Iterator[None]:
-        try:
-            yield
-        except BudgetExceeded as exc:
-            self._metrics.budget_rejections.labels(exc.tier).inc()
-            raise
 
     def add(
         self,
@@ -206,7 +208,7 @@ class MemoryEngine(Rooms):
                     self._semantic.written(key, written, held, content_changed=True)
 
         around = contextlib.nullcontext() if grouped else self._partitions.writing([key])
-        with around, self._counting_rejections():
+        with around, _counting_rejections(self._metrics):
             written = self._store.add(
                 entry,
                 settings.policy(tier),
@@ -237,7 +239,7 @@ class MemoryEngine(Rooms):
             _screen(self._metrics, settings, "category", edit.category)
         keys = _edited_partitions(scope, edit.match, edit.tier)
         stored, held = self._embedding(content, keys)
-        with self._partitions.writing(keys), self._counting_rejections():
+        with self._partitions.writing(keys), _counting_rejections(self._metrics):
             written = self._store.update(
                 edit,
                 settings.policies(),
