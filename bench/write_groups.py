@@ -24,15 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import peewee
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.corpus import Corpus
 from bench.measure import UNLIMITED, Report, Row, daemon
+from bench.writes import raw_insert_rate
 from sidecar._proto.memory.v1 import memory_pb2 as pb
 from sidecar._proto.memory.v1 import memory_pb2_grpc as pb_grpc
 from sidecar.core.memory import Scope, Tier
-from sidecar.storage import _sqlite
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
 
@@ -136,25 +135,8 @@ def _store_rate(db: str, texts: list[str], inflight: int, grouped: bool) -> tupl
 
 
 def _raw_sqlite(work: Path, count: int) -> float:
-    raw_db = _sqlite.open_database(str(work / f"groups-raw-{uuid.uuid4().hex}.db"))
-    raw_db.execute_sql("CREATE TABLE notes (id TEXT PRIMARY KEY, content TEXT, created INT)")
-
-    class Note(peewee.Model):
-        id = peewee.TextField(primary_key=True)
-        content = peewee.TextField()
-        created = peewee.IntegerField()
-
-        class Meta:
-            database = raw_db
-            table_name = "notes"
-
-    start = time.perf_counter()
-    for i in range(count):
-        with raw_db.atomic("IMMEDIATE"):
-            Note.create(id=str(uuid.uuid4()), content=f"raw note {i}", created=0)
-    rate = count / (time.perf_counter() - start)
-    raw_db.close_all()
-    return rate
+    texts = [f"raw note {i}" for i in range(count)]
+    return raw_insert_rate(work / f"groups-raw-{uuid.uuid4().hex}.db", texts)
 
 
 def _grpc_rate(work: Path, texts: list[str], grouped: bool) -> tuple[float, float]:

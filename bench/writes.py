@@ -5,13 +5,15 @@ Baseline: raw Peewee inserts with the same pragmas (sidecar.storage._sqlite), on
 transaction each, in this process.
 
 Must not touch the PostgreSQL writes (section 10, bench.postgres_writes) nor
-the shared helpers; its databases are writes-*.db and raw-*.db.
+the shared helpers; its databases are writes-*.db and raw-*.db. `raw_insert_rate`
+is the raw-insert baseline, shared with section 27 (bench.write_groups).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -36,24 +38,7 @@ def bench_writes(report: Report, work: Path, corpus: Corpus, count: int) -> None
             for text in texts[:count]:
                 stub.AddMemory(pb.AddMemoryRequest(scope=SCOPE, content=text), timeout=60)
             grpc_rate = count / (time.perf_counter() - start)
-        raw_db = _sqlite.open_database(str(work / f"raw-{durability}.db"), synchronous=durability)
-        raw_db.execute_sql("CREATE TABLE notes (id TEXT PRIMARY KEY, content TEXT, created INT)")
-
-        class Note(peewee.Model):
-            id = peewee.TextField(primary_key=True)
-            content = peewee.TextField()
-            created = peewee.IntegerField()
-
-            class Meta:
-                database = raw_db
-                table_name = "notes"
-
-        start = time.perf_counter()
-        for text in texts[count:]:
-            with raw_db.atomic("IMMEDIATE"):
-                Note.create(id=str(uuid.uuid4()), content=text, created=0)
-        raw_rate = count / (time.perf_counter() - start)
-        raw_db.close_all()
+        raw_rate = raw_insert_rate(work / f"raw-{durability}.db", texts[count:], durability)
         rows.append(
             [durability, f"{grpc_rate:,.0f}/s", f"{raw_rate:,.0f}/s", f"{grpc_rate / raw_rate:.2f}"]
         )
@@ -65,3 +50,28 @@ def bench_writes(report: Report, work: Path, corpus: Corpus, count: int) -> None
         ["durability", "AddMemory over gRPC", "raw Peewee insert", "ratio"],
         rows,
     )
+
+
+def raw_insert_rate(path: Path, texts: Sequence[str], synchronous: str = "normal") -> float:
+    """Raw Peewee inserts a second into a new SQLite file at `path`, with the
+    store's pragmas (sidecar.storage._sqlite), one row and one transaction
+    each: the baseline every write figure stands beside."""
+    raw_db = _sqlite.open_database(str(path), synchronous=synchronous)
+    raw_db.execute_sql("CREATE TABLE notes (id TEXT PRIMARY KEY, content TEXT, created INT)")
+
+    class Note(peewee.Model):
+        id = peewee.TextField(primary_key=True)
+        content = peewee.TextField()
+        created = peewee.IntegerField()
+
+        class Meta:
+            database = raw_db
+            table_name = "notes"
+
+    start = time.perf_counter()
+    for text in texts:
+        with raw_db.atomic("IMMEDIATE"):
+            Note.create(id=str(uuid.uuid4()), content=text, created=0)
+    rate = len(texts) / (time.perf_counter() - start)
+    raw_db.close_all()
+    return rate
