@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from sidecar.core.clock import from_micros
 from sidecar.core.memory import Memory, Tier, Usage
-from sidecar.retrieval.keywords import terms
+from sidecar.retrieval.keywords import text_terms
 from sidecar.retrieval.partition import K1, B, date_terms
 from sidecar.retrieval.ranking import Postings, top_by_confidence
 from sidecar.storage._statements import Record, record_of
@@ -84,7 +84,7 @@ Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
 
 def term_counts(content: str, created_micros: int) -> Counter[str]:
     """An entry's terms and how often each occurs (partition.term_weights' counts)."""
-    counts = Counter(terms(content))
+    counts = Counter(text_terms(content))
     counts.update(date_terms(from_micros(created_micros)))
     return counts
 

@@ -27,8 +27,8 @@ deploy/deployment). Both sides of a match are stemmed the same way.
 Owns: the tokenizer, STOPWORDS, which short words and identifiers are terms,
 the irregular verbs, stemming and month terms.
 Must not touch: other sidecar modules, the store, configuration, the network:
-pure functions over text, whose only state is per-thread stemmers and a memo of
-stems.
+pure functions over text, whose only state is per-thread stemmers, a memo of
+stems and one of the latest texts' terms.
 """
 
 from __future__ import annotations
@@ -282,6 +282,15 @@ def terms(text: str) -> list[str]:
             if word in capitals:
                 found.append(word)  # US, GO, C
     return found
+
+
+# An add reads its content's terms up to three times (its near-duplicates,
+# then the index terms its partition appends), and a tier's candidates come
+# back write after write: the latest texts' terms are kept, not found again.
+@functools.lru_cache(maxsize=1024)
+def text_terms(text: str) -> tuple[str, ...]:
+    """`terms(text)`, remembered for the latest texts."""
+    return tuple(terms(text))
 
 
 def keywords(texts: Iterable[str]) -> list[str]:

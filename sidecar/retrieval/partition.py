@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sidecar.core.memory import Memory, Tier, Usage
-from sidecar.retrieval.keywords import MONTHS, month_term, terms
+from sidecar.retrieval.keywords import MONTHS, month_term, text_terms
 from sidecar.retrieval.ranking import BoolArray, FloatArray, IntArray, Listed, Postings
 
 K1 = 1.2
@@ -60,7 +60,7 @@ def date_terms(moment: datetime) -> list[str]:
 def term_weights(memory: Memory) -> TermWeights:
     """An entry's BM25 term weights, over its content's terms and the month
     and year it was created: tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / ref))."""
-    counts = Counter(terms(memory.content))
+    counts = Counter(text_terms(memory.content))
     counts.update(date_terms(memory.created_at))
     norm = K1 * (1 - B + B * sum(counts.values()) / REFERENCE_LENGTH)
     return tuple((term, tf * (K1 + 1) / (tf + norm)) for term, tf in counts.items())

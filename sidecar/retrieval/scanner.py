@@ -32,6 +32,7 @@ engine raises under strict): pure functions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -453,6 +454,8 @@ def _negated(folded: str, start: int) -> bool:
     return before is not None and not _UNDOING.search(before.group())
 
 
+# An add's content is screened, then scanned again as its partition appends it.
+@functools.lru_cache(maxsize=1024)
 def scan(text: str) -> Finding | None:
     """The text's finding, or None when it looks like plain data: a refused
     one if there is any, else the first quoted one."""

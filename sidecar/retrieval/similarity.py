@@ -36,12 +36,13 @@ partition (and, when given, the new content's cosines with its entries).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from sidecar.core.memory import Memory
-from sidecar.retrieval.keywords import keywords
+from sidecar.retrieval.keywords import text_terms
 from sidecar.retrieval.ranking import FloatArray, Listed, Ranked, Weights, rank
 
 # Entries scored per write, by BM25 and (with cosines) by meaning.
@@ -71,12 +72,31 @@ class Similar(NamedTuple):
     score: float
 
 
-# The same entries come back as candidates write after write: their terms
-# are kept rather than found again (bounded: contents come from clients).
+class _Terms(NamedTuple):
+    """A text's terms as scoring reads them, found once per text."""
+
+    # Distinct, in first-seen order (the order _rarest breaks ties by).
+    ordered: tuple[str, ...]
+    distinct: frozenset[str]
+    # Those naming one thing of their kind (see _named).
+    named: frozenset[str]
+
+
+# The same entries come back as candidates write after write, and a new
+# entry's own terms are wanted twice (its rarest terms, then its Dice): a
+# text's terms are kept rather than found again (bounded: contents come
+# from clients).
 @functools.lru_cache(maxsize=8192)
+def _terms_of(text: str) -> _Terms:
+    # keywords([text]): its distinct terms in first-seen order.
+    ordered = tuple(dict.fromkeys(text_terms(text)))
+    distinct = frozenset(ordered)
+    return _Terms(ordered, distinct, _named(distinct))
+
+
 def term_set(text: str) -> frozenset[str]:
     """The distinct stemmed keyword terms of a text."""
-    return frozenset(keywords([text]))
+    return _terms_of(text).distinct
 
 
 def lexical(a: frozenset[str], b: frozenset[str]) -> float:
@@ -90,15 +110,26 @@ def lexical(a: frozenset[str], b: frozenset[str]) -> float:
 def _named(terms: frozenset[str]) -> frozenset[str]:
     """The terms that name one thing of its kind: numbers, versions and
     identifiers (a digit, or a dot, dash or underscore inside)."""
+    # A letter is never a digit: a word all of letters (most terms) is
+    # passed over without looking at each character.
     return frozenset(
-        t for t in terms if "-" in t or "." in t or "_" in t or any(c.isdigit() for c in t)
+        t
+        for t in terms
+        if "-" in t
+        or "." in t
+        or "_" in t
+        or (not t.isalpha() and any(c.isdigit() for c in t))
     )
 
 
 def distinct(a: frozenset[str], b: frozenset[str]) -> bool:
     """Whether two term sets each name a number or an identifier the other
     does not: two notes on two things, not one restated."""
-    named_a, named_b = _named(a), _named(b)
+    return _apart(_named(a), _named(b))
+
+
+def _apart(named_a: frozenset[str], named_b: frozenset[str]) -> bool:
+    """`distinct`, from the two texts' named terms."""
     return bool(named_a - named_b) and bool(named_b - named_a)
 
 
@@ -112,13 +143,15 @@ def score(lexical_score: float, cosine: float | None) -> float:
 
 def pair(a: str, b: str, cosine: float | None = None) -> float:
     """The similarity of two texts (what `similar` scores a candidate with)."""
-    return _scored(term_set(a), term_set(b), cosine)
+    return _scored(_terms_of(a), _terms_of(b), cosine)
 
 
-def _scored(a: frozenset[str], b: frozenset[str], cosine: float | None) -> float:
-    """The similarity of two texts by their term sets: 0 for two that name
+def _scored(a: _Terms, b: _Terms, cosine: float | None) -> float:
+    """The similarity of two texts by their terms: 0 for two that name
     distinct things."""
-    return 0.0 if distinct(a, b) else score(lexical(a, b), cosine)
+    if _apart(a.named, b.named):
+        return 0.0
+    return score(lexical(a.distinct, b.distinct), cosine)
 
 
 def similar(
@@ -143,7 +176,8 @@ def similar(
     if not partition.count:
         return ()
     found: dict[int, tuple[Memory, float | None]] = {}
-    rarest = _rarest(partition, keywords([content]))
+    new = _terms_of(content)
+    rarest = _rarest(partition, new.ordered)
     if rarest:
         for memory, _ in rank([partition], rarest, _BY_TERMS, limit=limit):
             found[memory.seq] = (memory, None)
@@ -160,9 +194,8 @@ def similar(
         }
     if any(memory.content == content for memory, _ in found.values()):
         return ()
-    new = term_set(content)
     scored = [
-        Similar(memory, _scored(new, term_set(memory.content), cosine))
+        Similar(memory, _scored(new, _terms_of(memory.content), cosine))
         for memory, cosine in found.values()
     ]
     return tuple(
@@ -173,7 +206,7 @@ def similar(
     )
 
 
-def _rarest(partition: Ranked, terms: list[str]) -> list[str]:
+def _rarest(partition: Ranked, terms: Sequence[str]) -> list[str]:
     """The content's RAREST terms the partition holds, fewest entries first
     (ties in the content's order): all a restatement needs to be found by,
     and on a large tier far cheaper to rank by than every term."""

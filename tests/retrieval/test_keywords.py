@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.retrieval.keywords import keywords, stem, terms
+from sidecar.retrieval.keywords import keywords, stem, terms, text_terms
 
 
 def test_the_seeds_basic_rules() -> None:
@@ -211,3 +211,10 @@ def test_punctuation_that_joins_nothing_separates() -> None:
     # A full stop, an ellipsis, a flag's dashes: not part of an identifier.
     assert terms("Use uv. Then...wait -- run it") == ["use", "uv", "wait", "run"]
     assert terms("«svc-7»") == ["svc-7", "svc", "7"]
+
+
+def test_a_texts_remembered_terms_are_its_terms() -> None:
+    text = "Deployed pg-staging-2 in July 2023; the US team uses uv"
+    assert text_terms(text) == tuple(terms(text))
+    # Asked again (as an add's near-duplicate check and its index do), the same.
+    assert text_terms(text) == tuple(terms(text))

@@ -308,3 +308,9 @@ def test_the_environment_sets_the_defaults() -> None:
     with pytest.raises(ConfigError) as raised:
         settings.load(None, environ={"MEMORY_SIDECAR_SIMILAR_WRITES": "maybe"})
     assert raised.value.key == "MEMORY_SIDECAR_SIMILAR_WRITES"
+
+
+def test_a_digit_that_is_not_ascii_still_names_a_thing() -> None:
+    # Terms all of letters are passed over quickly; one with any digit is not.
+    assert pair("node\u00b2 restarts nightly", "node\u00b3 restarts nightly") == 0.0
+    assert pair("dark mode preferred", "prefers dark mode") == 1.0
