@@ -187,22 +187,30 @@ class _Lineage:
         returned: a term's buffer is written past the end of every view of
         it, as the columns are, so a common term (every entry's year) costs
         O(1), not a copy of its postings."""
+        held_terms = self.terms
         with self.lock:
             for term, weight in weights:
-                indices, values = postings.get(term, (_NO_INDICES, _NO_WEIGHTS))
-                n = len(indices)
-                held = self.terms.get(term)
-                if held is not None and held[2] == n and indices.base is held[0]:
-                    idx, val, _ = held
-                    if n == len(idx):
-                        idx = np.concatenate([idx, np.empty(n, dtype=idx.dtype)])
-                        val = np.concatenate([val, np.empty(n, dtype=val.dtype)])
+                found = postings.get(term)
+                held = held_terms.get(term)
+                if found is None:
+                    # A term new to the partition: nothing to copy.
+                    n = 0
+                    idx = np.empty(4, dtype=np.int64)
+                    val = np.empty(4, dtype=np.float64)
                 else:
-                    idx = np.empty(max(4, 2 * (n + 1)), dtype=np.int64)
-                    val = np.empty(len(idx), dtype=np.float64)
-                    idx[:n], val[:n] = indices, values
+                    indices, values = found
+                    n = len(indices)
+                    if held is not None and held[2] == n and indices.base is held[0]:
+                        idx, val, _ = held
+                        if n == len(idx):
+                            idx = np.concatenate([idx, np.empty(n, dtype=idx.dtype)])
+                            val = np.concatenate([val, np.empty(n, dtype=val.dtype)])
+                    else:
+                        idx = np.empty(2 * (n + 1), dtype=np.int64)
+                        val = np.empty(len(idx), dtype=np.float64)
+                        idx[:n], val[:n] = indices, values
                 idx[n], val[n] = index, weight
-                self.terms[term] = (idx, val, n + 1)
+                held_terms[term] = (idx, val, n + 1)
                 postings[term] = (idx[: n + 1], val[: n + 1])
 
 
