@@ -435,18 +435,18 @@ def _rank_python(
     category: str,
     limit: int | None,
 ) -> list[tuple[Memory, float]]:
-    pool = [m for p in partitions for m in p.memories]
     if not keywords:
+        pool = [m for p in partitions for m in p.memories]
         chosen = sorted(
             (m for m in pool if not category or m.category == category),
             key=lambda m: (-m.confidence, -m.updated_at.timestamp(), m.seq),
         )
         return [(m, m.confidence) for m in (chosen if limit is None else chosen[:limit])]
     unique = list(dict.fromkeys(keywords))
-    total = len(pool)
     offsets = [0]
     for p in partitions:
         offsets.append(offsets[-1] + len(p.memories))
+    total = offsets[-1]
     bm25: dict[int, float] = {}
     matched: dict[int, int] = {}
     for term in unique:
@@ -457,17 +457,27 @@ def _rank_python(
                 bm25[k] = bm25.get(k, 0.0) + idf * value
                 matched[k] = matched.get(k, 0) + 1
     needed = len(unique) if match_all else 1
-    hits = [
-        k
-        for k, n in matched.items()
-        if n >= needed and (not category or pool[k].category == category)
-    ]
+    # Only the entries matched are looked up, not every entry listed (a
+    # near-duplicate check ranks its tier by a few rare terms on each add).
+    hits = []
+    for k, n in matched.items():
+        if n >= needed:
+            memory = _entry(partitions, offsets, k)
+            if not category or memory.category == category:
+                hits.append((bm25[k], memory))
     if not hits:
         return []
-    best = max(bm25[k] for k in hits)
+    best = max(score for score, _ in hits)
     blended = [
-        (pool[k], weights.similarity * (bm25[k] / best) + weights.confidence * pool[k].confidence)
-        for k in hits
+        (memory, weights.similarity * (score / best) + weights.confidence * memory.confidence)
+        for score, memory in hits
     ]
     blended.sort(key=lambda hit: (-hit[1], hit[0].seq))
     return blended if limit is None else blended[:limit]
+
+
+def _entry(partitions: Sequence[Listed], offsets: list[int], k: int) -> Memory:
+    """The entry at position `k` of the partitions end to end (`offsets`:
+    where each starts)."""
+    at = bisect.bisect_right(offsets, k) - 1
+    return partitions[at].memories[k - offsets[at]]

@@ -92,6 +92,16 @@ def test_python_and_numpy_ranking_agree(
         assert python == vector
 
 
+def test_entries_are_found_whichever_partition_holds_them() -> None:
+    # Partitions end to end, empty ones among them: each hit is its own entry.
+    first = build([memory(1, "alpha beta"), memory(2, "gamma")])
+    second = build([memory(3, "alpha"), memory(4, "beta alpha")])
+    partitions = [build([]), first, build([]), second, build([])]
+    for vectorized in (False, True):
+        hits = rank(partitions, ["alpha", "beta"], Weights(), vectorized=vectorized)
+        assert sorted(m.id for m, _ in hits) == ["m1", "m3", "m4"]
+
+
 def test_entries_are_found_by_the_month_and_year_they_were_written() -> None:
     def written(seq: int, text: str, when: datetime) -> Memory:
         return Memory(f"m{seq}", Tier.MEMORY, text, "", 1.0, when, when, seq)
