@@ -5,7 +5,9 @@ process (each thread its own partition, no budget), with server.group_commit
 off and on, on SQLite and, when there is a cluster, on PostgreSQL (which
 never groups: writers of different partitions hold different row locks and
 run at once); then AddMemory over gRPC at 16 in flight (16 agents), off and
-on, beside health checks at the same concurrency (the floor of any RPC).
+on, beside health checks at the same concurrency (the floor of any RPC),
+with the daemon's CPU time a call (from /proc: wall-clock rates on a shared
+machine swing with the other jobs' load, CPU a call far less).
 Baseline: raw Peewee inserts of one row per transaction, one after another,
 with the same pragmas, in this process (raw psycopg on PostgreSQL), measured
 before and after the store's figures and averaged.
@@ -16,12 +18,13 @@ bench.postgres_writes) nor the shared helpers; its databases are groups-*.db.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -59,14 +62,16 @@ def bench_write_groups(
         on, per_commit = cells[(inflight, True)]
         rows.append(_row("SQLite", f"Store.add x{inflight}", off, on, baseline, per_commit))
     on_grpc = {grouped: _grpc_rate(work, texts, grouped) for grouped in (False, True)}
+    off_grpc, grouped = on_grpc[False], on_grpc[True]
+    over = _row("SQLite", "AddMemory over gRPC x16", off_grpc.adds, grouped.adds, baseline, 0)
+    rows.append([*over, _cpu(off_grpc.add_cpu, grouped.add_cpu)])
+    checks = f"{grouped.checks:,.0f}/s"
     rows.append(
-        _row("SQLite", "AddMemory over gRPC x16", on_grpc[False][0], on_grpc[True][0], baseline, 0)
-    )
-    rows.append(
-        ["SQLite", "health check over gRPC x16", "", f"{on_grpc[True][1]:,.0f}/s", "", "", ""]
+        ["SQLite", "health check over gRPC x16", "", checks, "", "", "", _cpu(grouped.check_cpu)]
     )
     if cluster is not None:
         rows.extend(_postgres_rows(cluster, texts, count))
+    rows = [row + [""] * (8 - len(row)) for row in rows]
     report.add(
         "27. Adds in flight, sharing commits",
         f"{count:,} adds per figure from threads of this process, each thread writing its own "
@@ -75,7 +80,8 @@ def bench_write_groups(
         "of one row per transaction one after another, in this process, with the same pragmas "
         "(raw psycopg on PostgreSQL, which never groups). Over gRPC the client's 16 threads "
         "and the daemon share the machine's cores: a health check at the same concurrency is "
-        "the ceiling of any RPC.",
+        "the ceiling of any RPC. The last column is the daemon's CPU time a call (off / on), "
+        "which the other jobs on a shared machine move far less than its rate.",
         [
             "database",
             "writes",
@@ -84,6 +90,7 @@ def bench_write_groups(
             "raw insert",
             "on / raw",
             "adds per commit",
+            "daemon CPU a call",
         ],
         rows,
     )
@@ -139,23 +146,56 @@ def _raw_sqlite(work: Path, count: int) -> float:
     return raw_insert_rate(work / f"groups-raw-{uuid.uuid4().hex}.db", texts)
 
 
-def _grpc_rate(work: Path, texts: list[str], grouped: bool) -> tuple[float, float]:
+class _OverGrpc(NamedTuple):
+    """AddMemory and health checks at 16 in flight: calls per second, and
+    the daemon's CPU seconds a call (None where /proc is not there)."""
+
+    adds: float
+    add_cpu: float | None
+    checks: float
+    check_cpu: float | None
+
+
+def _daemon_cpu(pid: int) -> float | None:
+    """The process's user and system CPU seconds so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(*seconds: float | None) -> str:
+    if any(s is None for s in seconds):
+        return ""
+    return " / ".join(f"{s * 1000:.2f} ms" for s in seconds if s is not None)
+
+
+def _grpc_rate(work: Path, texts: list[str], grouped: bool) -> _OverGrpc:
     """AddMemory and health checks over gRPC, 16 in flight (16 agents)."""
     config = UNLIMITED + f"server: {{max_workers: 16, group_commit: {str(grouped).lower()}}}\n"
     db = work / f"groups-grpc-{grouped}.db"
     with daemon(db, config) as d, grpc.insecure_channel(d.api) as channel:
         stub = pb_grpc.MemoryServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
+        pid = d.process.pid
 
         def add(slot: int, i: int) -> None:
             scope = pb.Scope(agent_id=f"agent-{slot}")
             stub.AddMemory(pb.AddMemoryRequest(scope=scope, content=texts[i]), timeout=60)
 
+        def check(_slot: int, _i: int) -> None:
+            health.Check(health_pb2.HealthCheckRequest())
+
+        started = _daemon_cpu(pid)
         adds = _in_flight(len(texts), 16, add)
-        checks = _in_flight(
-            len(texts), 16, lambda _s, _i: health.Check(health_pb2.HealthCheckRequest())
-        )
-    return adds, checks
+        between = _daemon_cpu(pid)
+        checks = _in_flight(len(texts), 16, check)
+        ended = _daemon_cpu(pid)
+    if started is None or between is None or ended is None:
+        return _OverGrpc(adds, None, checks, None)
+    calls = len(texts) // 16 * 16
+    return _OverGrpc(adds, (between - started) / calls, checks, (ended - between) / calls)
 
 
 def _postgres_rows(cluster: Any, texts: list[str], count: int) -> list[Row]:
