@@ -115,10 +115,7 @@ def _named(terms: frozenset[str]) -> frozenset[str]:
     return frozenset(
         t
         for t in terms
-        if "-" in t
-        or "." in t
-        or "_" in t
-        or (not t.isalpha() and any(c.isdigit() for c in t))
+        if "-" in t or "." in t or "_" in t or (not t.isalpha() and any(c.isdigit() for c in t))
     )
 
 
