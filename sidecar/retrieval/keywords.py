@@ -286,8 +286,9 @@ def terms(text: str) -> list[str]:
 
 # An add reads its content's terms up to three times (its near-duplicates,
 # then the index terms its partition appends), and a tier's candidates come
-# back write after write: the latest texts' terms are kept, not found again.
-@functools.lru_cache(maxsize=1024)
+# back write after write: the latest texts' terms are kept, not found again
+# (a few hundred: enough for the adds in flight, and contents are large).
+@functools.lru_cache(maxsize=256)
 def text_terms(text: str) -> tuple[str, ...]:
     """`terms(text)`, remembered for the latest texts."""
     return tuple(terms(text))

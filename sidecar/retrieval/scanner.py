@@ -455,7 +455,7 @@ def _negated(folded: str, start: int) -> bool:
 
 
 # An add's content is screened, then scanned again as its partition appends it.
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def scan(text: str) -> Finding | None:
     """The text's finding, or None when it looks like plain data: a refused
     one if there is any, else the first quoted one."""
