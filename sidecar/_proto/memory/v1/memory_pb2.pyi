@@ -364,14 +364,16 @@ class CallToolRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("text", "is_error", "structured_json")
+    __slots__ = ("text", "is_error", "structured_json", "generation")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_JSON_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     text: str
     is_error: bool
     structured_json: str
-    def __init__(self, text: _Optional[str] = ..., is_error: _Optional[bool] = ..., structured_json: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, text: _Optional[str] = ..., is_error: _Optional[bool] = ..., structured_json: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ForgetUserRequest(_message.Message):
     __slots__ = ("user_id", "erase_agent_notes_written_for_user")

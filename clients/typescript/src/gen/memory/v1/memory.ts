@@ -525,6 +525,14 @@ export interface CallToolResponse {
   isError: boolean;
   /** The outcome as a JSON object, for the runtime. */
   structuredJson: string;
+  /**
+   * The highest database-wide generation the call's writes took (a tool
+   * call may write several entries; an add of an entry already saved, as
+   * AddMemory's, the tier's current one); 0 when it wrote nothing (a read,
+   * a refusal, an error). Pass it as min_generation to a read on any
+   * replica to see this call's writes there (read-your-writes).
+   */
+  generation: number;
 }
 
 /** ForgetUserRequest names the user whose data is erased. */
@@ -3220,7 +3228,7 @@ export const CallToolRequest: MessageFns<CallToolRequest> = {
 };
 
 function createBaseCallToolResponse(): CallToolResponse {
-  return { text: "", isError: false, structuredJson: "" };
+  return { text: "", isError: false, structuredJson: "", generation: 0 };
 }
 
 export const CallToolResponse: MessageFns<CallToolResponse> = {
@@ -3233,6 +3241,9 @@ export const CallToolResponse: MessageFns<CallToolResponse> = {
     }
     if (message.structuredJson !== "") {
       writer.uint32(26).string(message.structuredJson);
+    }
+    if (message.generation !== 0) {
+      writer.uint32(32).uint64(message.generation);
     }
     return writer;
   },
@@ -3274,6 +3285,14 @@ export const CallToolResponse: MessageFns<CallToolResponse> = {
             message.structuredJson = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.generation = longToNumber(reader.uint64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3294,6 +3313,7 @@ export const CallToolResponse: MessageFns<CallToolResponse> = {
     message.text = object.text ?? "";
     message.isError = object.isError ?? false;
     message.structuredJson = object.structuredJson ?? "";
+    message.generation = object.generation ?? 0;
     return message;
   },
 };
