@@ -213,6 +213,29 @@ def test_a_read_with_the_writes_generation_sees_it_on_a_lagging_replica(
     assert not found(b, "Flux", min_generation=gone.generation)
 
 
+def test_a_tool_calls_generation_makes_a_lagging_replica_show_its_write(
+    make_sidecar: MakeSidecar, gates: Callable[[Running], Gate]
+) -> None:
+    """CallTool answers its writes' generation as AddMemory does: a model's
+    own write, read on another replica with it, is there."""
+    a, b = make_sidecar(), make_sidecar(LAGGING)
+    a.add("The repo uses uv", scope=SCOPE)
+    eventually(lambda: found(b, "uses uv"), "B has A's first write")
+    gate = gates(b)
+    request = pb.CallToolRequest(
+        scope=SCOPE,
+        session_id="s",
+        name="memory",
+        arguments_json='{"action": "add", "content": "Deploys go through ArgoCD"}',
+    )
+    ack = a.stub.CallTool(request, timeout=CALL_SECONDS)
+    assert not ack.is_error
+    assert ack.generation > 0
+    assert not found(b, "ArgoCD")
+    threading.Timer(0.3, gate.open.set).start()
+    assert found(b, "ArgoCD", min_generation=ack.generation)
+
+
 def test_a_token_of_this_replicas_own_write_covers_a_write_acknowledged_before_it_elsewhere(
     make_sidecar: MakeSidecar, gates: Callable[[Running], Gate]
 ) -> None:

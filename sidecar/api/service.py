@@ -499,6 +499,7 @@ class MemoryService(pb_grpc.MemoryServiceServicer):  # type: ignore[misc]
             text=result.text,
             is_error=result.is_error,
             structured_json=json.dumps(result.structured),
+            generation=result.generation,
         )
 
     def ExportMemories(

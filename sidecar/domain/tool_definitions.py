@@ -81,11 +81,14 @@ class ToolDef:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a call gives back: text for the model, the outcome as data."""
+    """What a call gives back: text for the model, the outcome as data, and
+    the highest generation its writes took (0: none; for CallTool's answer,
+    never shown to the model)."""
 
     text: str
     structured: dict[str, Any]
     is_error: bool = False
+    generation: int = 0
 
 
 def _target_schema(both: bool) -> dict[str, Any]:

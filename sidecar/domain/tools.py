@@ -31,6 +31,7 @@ authorize the scope before calling).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ from sidecar.core.errors import (
 from sidecar.core.limits import Limits, caller_json, checked
 from sidecar.core.memory import Memory, Scope, Tier, Usage, clean_content
 from sidecar.domain.memory_files import MemoryFiles
+from sidecar.domain.receipts import receipt, recording
 from sidecar.domain.tool_definitions import (
     ACTIONS,
     DEFAULT_SEARCH_LIMIT,
@@ -171,9 +173,11 @@ class Tools:
     """
 
     def __init__(self, engine: MemoryEngine, limits: Limits) -> None:
-        self._engine = engine
+        # Every write a call makes is noted on its receipt (its generation,
+        # for CallTool's read-your-writes), the memory_20250818 commands' too.
+        self._engine = recording(engine)
         self._limits = limits
-        self._files = MemoryFiles(engine, limits)
+        self._files = MemoryFiles(self._engine, limits)
         self._runs: dict[str, Callable[[Scope, Mapping[str, Any]], ToolResult]] = {
             MEMORY: self._memory,
             SEARCH: self._search,
@@ -191,7 +195,16 @@ class Tools:
         self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any] | None
     ) -> ToolResult:
         """Run one call in `scope` (authorized by the caller). `arguments`
-        None: what the model sent is not a JSON object (see arguments_of)."""
+        None: what the model sent is not a JSON object (see arguments_of).
+        The result's generation is the highest its writes took (0: none),
+        an error's too: a call refused midway may have written before."""
+        with receipt() as written:
+            result = self._call(scope, session_id, name, arguments)
+        return dataclasses.replace(result, generation=written.highest)
+
+    def _call(
+        self, scope: Scope, session_id: str, name: str, arguments: Mapping[str, Any] | None
+    ) -> ToolResult:
         if not isinstance(arguments, Mapping):
             # The model wrote them: it is told, and may try again.
             return self._refused(
