@@ -68,6 +68,30 @@ def test_reads_carry_the_highest_generation_written(address: str, scope: tuple[s
     assert "uses uv" in block
 
 
+def test_a_tool_calls_writes_count_for_read_your_writes(
+    address: str, scope: tuple[str, str]
+) -> None:
+    recorder = Recorder()
+
+    async def body() -> tuple[int, int, list[str]]:
+        channel = grpc.aio.insecure_channel(address, interceptors=[recorder])
+        async with channel, async_client("", scope, channel=channel) as client:
+            added = await client.add_memory("uses uv")
+            saved = await client.call_tool(
+                "s1", "memory", {"action": "add", "content": "deploys on Fridays"}
+            )
+            assert not saved.is_error, saved.text
+            assert saved.generation > added.generation
+            listed = await client.get_memories()
+            return saved.generation, client.generation, [m.content for m in listed.memories]
+
+    saved, highest, listed = asyncio.run(body())
+    assert highest == saved
+    (request,) = recorder.sent("GetMemories")
+    assert request.min_generation == saved
+    assert listed == ["uses uv", "deploys on Fridays"]
+
+
 def test_a_budget_refusal_carries_the_usage_as_numbers(
     address: str, scope: tuple[str, str]
 ) -> None:

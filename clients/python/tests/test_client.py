@@ -79,6 +79,40 @@ def test_reads_carry_the_highest_generation_written(address: str, scope: tuple[s
     assert "uses uv" in turn.system_block
 
 
+def test_a_tool_calls_writes_count_for_read_your_writes(
+    address: str, scope: tuple[str, str]
+) -> None:
+    recorder = Recorder()
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), recorder)
+    with channel, Client(channel=channel, agent_id=scope[0], user_id=scope[1]) as client:
+        added = client.add_memory("uses uv")
+        saved = client.call_tool("s1", "memory", {"action": "add", "content": "deploys on Fridays"})
+        assert not saved.is_error, saved.text
+        assert saved.generation > added.generation
+        assert client.generation == saved.generation
+        # Claude's memory tool: a create of two lines answers the later write's.
+        created = client.call_tool(
+            "s1",
+            "memory",
+            {"command": "create", "path": "/memories/user.md", "file_text": "Ada\nprefers tabs"},
+        )
+        assert not created.is_error, created.text
+        assert created.generation > saved.generation
+        # A read through a tool wrote nothing: 0, and the highest stays.
+        listed = client.call_tool("s1", "memory_list", {})
+        assert listed.generation == 0
+        assert client.generation == created.generation
+        memories = client.get_memories()
+    (request,) = recorder.sent("GetMemories")
+    assert request.min_generation == created.generation
+    assert [m.content for m in memories.memories] == [
+        "uses uv",
+        "deploys on Fridays",
+        "Ada",
+        "prefers tabs",
+    ]
+
+
 def test_read_your_writes_can_be_turned_off(address: str, scope: tuple[str, str]) -> None:
     recorder = Recorder()
     channel = grpc.intercept_channel(grpc.insecure_channel(address), recorder)

@@ -41,11 +41,13 @@ class Turn:
 class ToolResult:
     """A tool call's outcome: `text` goes back to the model (as the tool
     result, marked as an error when `is_error`); `structured` is for the
-    runtime."""
+    runtime; `generation` is the highest its writes took (0: it wrote
+    nothing), which the client's next reads wait for (read-your-writes)."""
 
     text: str
     is_error: bool
     structured: dict[str, Any]
+    generation: int = 0
 
 
 class Core:
@@ -212,7 +214,7 @@ def turn_of(response: pb.InjectForTurnResponse) -> Turn:
 
 def tool_result(response: pb.CallToolResponse) -> ToolResult:
     structured = json.loads(response.structured_json) if response.structured_json else {}
-    return ToolResult(response.text, response.is_error, structured)
+    return ToolResult(response.text, response.is_error, structured, response.generation)
 
 
 def tool_name(name: str, arguments: Mapping[str, Any]) -> str:

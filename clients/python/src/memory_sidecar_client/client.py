@@ -372,6 +372,8 @@ class Client:
         request = self._core.call_tool(session, name, arguments_json)
         safety = tool_safety(name, parsed)
         response: pb.CallToolResponse = self._call("CallTool", request, safety, timeout)
+        # A writing tool's generation counts as AddMemory's (0: it wrote nothing).
+        self._core.wrote(response.generation)
         return tool_result(response)
 
     def notify_compaction(
