@@ -95,6 +95,8 @@ def test_go_client_suite_passes_against_a_real_daemon(
         "TestDaemonWatchResumesAcrossACutMissingAndRepeatingNothing",
         "TestDaemonTheTurnLoop",
         "TestReadsCarryTheHighestGenerationWritten",
+        "TestReadsCarryAToolCallsGeneration",
+        "TestDaemonReadsAfterAToolWriteCarryItsGeneration",
     } <= passed, sorted(passed)
 
 

@@ -184,6 +184,35 @@ func TestReadsCarryTheHighestGenerationWritten(t *testing.T) {
 	}
 }
 
+func TestReadsCarryAToolCallsGeneration(t *testing.T) {
+	conn := &fakeConn{answer: func(method string, _ int, _ proto.Message) (proto.Message, error) {
+		switch strings.TrimPrefix(method, service) {
+		case "AddMemory":
+			return &memoryv1.AddMemoryResponse{Generation: 10}, nil
+		case "CallTool":
+			return &memoryv1.CallToolResponse{Text: "Saved", Generation: 12}, nil
+		default:
+			return &memoryv1.GetMemoriesResponse{}, nil
+		}
+	}}
+	ctx := context.Background()
+	c := New(conn, scope)
+	if _, err := c.AddMemory(ctx, &memoryv1.AddMemoryRequest{Content: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	result, err := c.CallTool(ctx, "s", "memory", `{"action": "add", "content": "y"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Generation != 12 || c.Generation() != 12 {
+		t.Fatalf("tool call's generation %d, client remembers %d, want 12", result.Generation, c.Generation())
+	}
+	_, _ = c.GetMemories(ctx, &memoryv1.GetMemoriesRequest{})
+	if got := conn.requests(service + "GetMemories")[0].(*memoryv1.GetMemoriesRequest).GetMinGeneration(); got != 12 {
+		t.Fatalf("min_generation sent %d, want the tool call's 12", got)
+	}
+}
+
 func equal(a, b []uint64) bool {
 	if len(a) != len(b) {
 		return false

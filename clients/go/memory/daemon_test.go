@@ -199,6 +199,47 @@ func TestDaemonReadsAfterAWriteCarryItsGenerationAndSeeIt(t *testing.T) {
 	}
 }
 
+func TestDaemonReadsAfterAToolWriteCarryItsGeneration(t *testing.T) {
+	address := daemonAddress(t)
+	var sent []proto.Message
+	capture := grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply interface{},
+		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption,
+	) error {
+		sent = append(sent, proto.Clone(req.(proto.Message)))
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	c := dial(t, address, freshScope(t), WithDialOptions(capture))
+	ctx := bounded(t)
+	added, err := c.AddMemory(ctx, &memoryv1.AddMemoryRequest{Content: "The repo uses uv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, err := c.CallTool(ctx, "go-tool", "memory", `{"action": "add", "content": "Deploys go through ArgoCD"}`)
+	if err != nil || saved.IsError {
+		t.Fatalf("tool add: %v %+v", err, saved)
+	}
+	if saved.Generation <= added.GetGeneration() || c.Generation() != saved.Generation {
+		t.Fatalf("tool write generation %d after AddMemory's %d, client remembers %d",
+			saved.Generation, added.GetGeneration(), c.Generation())
+	}
+	// A tool that reads writes nothing: 0, and the client keeps the highest.
+	listed, err := c.CallTool(ctx, "go-tool", "memory_list", `{}`)
+	if err != nil || listed.Generation != 0 || c.Generation() != saved.Generation {
+		t.Fatalf("memory_list: %v, generation %d, client remembers %d", err, listed.Generation, c.Generation())
+	}
+	memories, err := c.GetMemories(ctx, &memoryv1.GetMemoriesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(memories.GetMemories()); n != 2 {
+		t.Fatalf("%d entries listed, want 2", n)
+	}
+	last := sent[len(sent)-1].(*memoryv1.GetMemoriesRequest)
+	if last.GetMinGeneration() != saved.Generation {
+		t.Fatalf("GetMemories carried min_generation %d, want the tool call's %d", last.GetMinGeneration(), saved.Generation)
+	}
+}
+
 func TestDaemonABudgetRefusalCarriesItsUsage(t *testing.T) {
 	c := dial(t, daemonAddress(t), freshScope(t))
 	ctx := bounded(t)

@@ -105,6 +105,9 @@ type ToolResult struct {
 	IsError bool
 	// Structured is the outcome as a JSON object, for the runtime.
 	Structured json.RawMessage
+	// Generation is the highest generation the call's writes took (0: it
+	// wrote nothing); the client's reads wait for it, as for AddMemory's.
+	Generation uint64
 }
 
 // readingTools are the tools that never write, so a call of theirs is
@@ -120,7 +123,9 @@ func (c *Client) CallTool(ctx context.Context, session, name, arguments string) 
 	if err != nil {
 		return nil, err
 	}
-	result := &ToolResult{Text: resp.GetText(), IsError: resp.GetIsError()}
+	// A writing tool's generation counts as AddMemory's (0: it wrote nothing).
+	c.wrote(resp.GetGeneration())
+	result := &ToolResult{Text: resp.GetText(), IsError: resp.GetIsError(), Generation: resp.GetGeneration()}
 	if resp.GetStructuredJson() != "" {
 		result.Structured = json.RawMessage(resp.GetStructuredJson())
 	}
