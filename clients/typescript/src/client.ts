@@ -125,6 +125,11 @@ export interface ToolResult {
   isError: boolean;
   /** The outcome as an object, for the runtime (CallTool's structured_json). */
   structured: unknown;
+  /**
+   * The highest generation the call's writes took (0: it wrote nothing);
+   * the client's reads wait for it, as for addMemory's.
+   */
+  generation: number;
 }
 
 export interface CallToolOptions extends CallOptions {
@@ -468,10 +473,13 @@ export class MemoryClient {
       reads(tool, argumentsJson) ? "read" : "write",
       options.timeoutMs,
     );
+    // A writing tool's generation counts as addMemory's (0: it wrote nothing).
+    this.wrote(response.generation);
     return {
       text: response.text,
       isError: response.isError,
       structured: response.structuredJson ? JSON.parse(response.structuredJson) : {},
+      generation: response.generation,
     };
   }
 

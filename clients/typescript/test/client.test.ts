@@ -45,6 +45,33 @@ test("a read after a write carries the write's generation and sees the write", a
   }
 });
 
+test("a tool call's writes count for read-your-writes", async () => {
+  const { sent, interceptor } = recorder();
+  const memory = client(agent("tool-ryw"), { grpcOptions: { interceptors: [interceptor] } });
+  try {
+    const added = await memory.addMemory("The repo uses uv");
+    const saved = await memory.callTool("s1", "memory", {
+      action: "add",
+      content: "Deploys go through ArgoCD",
+    });
+    assert.equal(saved.isError, false, saved.text);
+    assert.ok(saved.generation > added.generation);
+    assert.equal(memory.lastGeneration, saved.generation);
+    // A tool that reads writes nothing: 0, and the client keeps the highest.
+    const listed = await memory.callTool("s1", "memory_list", {});
+    assert.equal(listed.generation, 0);
+    assert.equal(memory.lastGeneration, saved.generation);
+    const read = await memory.getMemories();
+    assert.equal(sent.at(-1)?.message["minGeneration"], saved.generation);
+    assert.deepEqual(
+      read.memories.map((m) => m.content),
+      ["The repo uses uv", "Deploys go through ArgoCD"],
+    );
+  } finally {
+    memory.close();
+  }
+});
+
 test("read-your-writes turned off sends no min_generation", async () => {
   const { sent, interceptor } = recorder();
   const memory = client(agent("no-ryw"), {
