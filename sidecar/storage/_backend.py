@@ -155,10 +155,12 @@ class Backend(abc.ABC):
     migrations: ClassVar[list[tuple[int, str, Step]]]
 
     def start(self) -> None:
-        """Start the backend's own threads (the store has opened it)."""
+        """Start the backend's own threads (the store has opened it): none here."""
+        return None
 
     def stop(self) -> None:
         """Stop them (the store is closing)."""
+        return None
 
     # --- transactions -------------------------------------------------------
 

@@ -55,9 +55,9 @@ from sidecar.storage._backend import (
     FeedSettings,
 )
 from sidecar.storage._sqlite_poller import DataVersionPoller
+from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 from sidecar.storage.checkpoint import PRAGMAS as CHECKPOINT_PRAGMAS
 from sidecar.storage.checkpoint import Checkpointer
-from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
 
 SYNCHRONOUS = ("normal", "full")
 
