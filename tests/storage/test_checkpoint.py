@@ -60,10 +60,10 @@ def test_writers_leave_checkpoints_to_the_thread(store: Store) -> None:
 def test_the_next_write_starts_the_wal_over_once_the_thread_copied_it(store: Store) -> None:
     loop = _checkpointer(store)
     _add(store, 20, "small")
-    # Its content overflows onto some 50 pages: the WAL holds at least those.
-    _add(store, 1, "large", chars=200_000)
+    # Its content overflows onto some 100 pages: the WAL holds at least those.
+    _add(store, 1, "large", chars=400_000)
     frames, copied = _pass_after(loop)
-    assert frames == copied > 50
+    assert frames == copied > 90
     # Every frame copied, no reader on them: this write starts the WAL over,
     # and it alone is in it.
     _add(store, 1, "next")
