@@ -8,7 +8,9 @@ transaction into the same `memories` table (the store's own pooled database
 and bound model, so the same pragmas, indexes and triggers), interleaved
 with the calls. Beside them, the SQL statements one AddMemory runs, counted
 by an engine of this process on the same database and configuration (the
-daemon's own count would mix in its change feed's polls).
+daemon's own count would mix in its change feed's polls), and the CPU time
+the daemon spent per AddMemory while they ran (all its threads, from
+/proc: "-" where there is none), steadier than wall time on a shared machine.
 
 Must not start or stop the cluster (the runner does) nor touch the shared
 helpers; its databases are big-tier*.db, or new ones from the cluster.
@@ -16,6 +18,7 @@ helpers; its databases are big-tier*.db, or new ones from the cluster.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -58,7 +61,7 @@ def bench_big_tier_writes(
         store = open_store(config)
         store.open()
         try:
-            at_small, at_big, raw = _timed(db, dsn, store, count)
+            at_small, at_big, raw, cpu = _timed(db, dsn, store, count)
             statements = _statements(config, store)
         finally:
             store.close()
@@ -71,6 +74,7 @@ def bench_big_tier_writes(
                 f"{pct(at_big, 50) / pct(at_small, 50):.2f}x",
                 us(pct(raw, 50)),
                 f"{pct(at_big, 50) / pct(raw, 50):.1f}x",
+                us(cpu) if cpu else "-",
                 str(statements),
             ]
         )
@@ -83,7 +87,8 @@ def bench_big_tier_writes(
         "with them. Usage comes from the tier's state row, so a write costs the same whatever "
         "the tier holds. Statements: the SQL one AddMemory runs into the big tier, cached (an "
         "engine of this process on the same database and configuration, the default expiry "
-        "grace). "
+        "grace). Daemon CPU: the CPU time the daemon used, all threads, per AddMemory "
+        "of the timed loop (both tiers). "
         "Target: within 1.5x of the small tier.",
         [
             "database",
@@ -93,6 +98,7 @@ def bench_big_tier_writes(
             "ratio at p50",
             "raw insert p50",
             "AddMemory / raw",
+            "daemon CPU per AddMemory",
             "statements",
         ],
         rows,
@@ -107,9 +113,10 @@ def _config(db: Path) -> Path:
 
 def _timed(
     db: Path, dsn: str, store: Store, count: int
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], float]:
     """AddMemory into the small and the big tier, and raw inserts, in
-    alternating batches of 20 (after 50 of each unmeasured)."""
+    alternating batches of 20 (after 50 of each unmeasured); and the
+    daemon's CPU seconds per AddMemory of the timed loop (0: unknown)."""
     small = pb.Scope(agent_id="small-agent")
     big = pb.Scope(agent_id="big-agent")
     with daemon(db, UNLIMITED, dsn=dsn) as d, grpc.insecure_channel(d.api) as channel:
@@ -132,10 +139,26 @@ def _timed(
         samples: list[list[float]] = [[] for _ in calls]
         for call in calls:
             latencies(call, 0, warmup=50)
+        started = _cpu_seconds(d.process.pid)
         while len(samples[0]) < count:
             for call, sample in zip(calls, samples, strict=True):
                 sample += latencies(call, 20, warmup=0)
-    return samples[0], samples[1], samples[2]
+        used = _cpu_seconds(d.process.pid) - started
+    cpu = used / (len(samples[0]) + len(samples[1])) if started >= 0 else 0.0
+    return samples[0], samples[1], samples[2], cpu
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU time of process `pid`, all its threads, from
+    /proc (-1.0 where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # Past the command's closing parenthesis: fields 3 onwards;
+            # utime and stime are fields 14 and 15, in clock ticks.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _raw_insert(store: Store, serial: Any) -> Callable[[], None]:

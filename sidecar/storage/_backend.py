@@ -154,6 +154,14 @@ class Backend(abc.ABC):
     db: Any  # a pooled peewee.Database (playhouse is untyped)
     migrations: ClassVar[list[tuple[int, str, Step]]]
 
+    def start(self) -> None:
+        """Start the backend's own threads (the store has opened it): none here."""
+        return None
+
+    def stop(self) -> None:
+        """Stop them (the store is closing)."""
+        return None
+
     # --- transactions -------------------------------------------------------
 
     @abc.abstractmethod

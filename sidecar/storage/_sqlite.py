@@ -56,6 +56,8 @@ from sidecar.storage._backend import (
 )
 from sidecar.storage._sqlite_poller import DataVersionPoller
 from sidecar.storage.changes import ChangeFeed, OnChange, OnSession
+from sidecar.storage.checkpoint import PRAGMAS as CHECKPOINT_PRAGMAS
+from sidecar.storage.checkpoint import Checkpointer
 
 SYNCHRONOUS = ("normal", "full")
 
@@ -74,6 +76,8 @@ def open_database(
       survives power loss, at the cost of an fsync per commit.
     - busy_timeout makes a writer wait for the write lock instead of failing
       at once with "database is locked".
+    - A writer checkpoints the WAL only past a large backstop: the store's
+      Checkpointer does it in the background (sidecar.storage.checkpoint).
     - Connections move between the server's worker threads through the pool,
       so sqlite3's same-thread check is off; the pool hands a connection to
       one thread at a time.
@@ -87,6 +91,7 @@ def open_database(
             ("synchronous", synchronous),
             ("busy_timeout", busy_timeout_ms),
             ("foreign_keys", 1),
+            *CHECKPOINT_PRAGMAS,
         ],
         max_connections=max_connections,
         # Wait for a free pooled connection rather than failing at once.
@@ -482,6 +487,13 @@ class SqliteBackend(Backend):
             busy_timeout_ms=busy_timeout_ms,
             max_connections=max_connections,
         )
+        self.checkpointer = Checkpointer(path)
+
+    def start(self) -> None:
+        self.checkpointer.start()
+
+    def stop(self) -> None:
+        self.checkpointer.stop()
 
     def write_transaction(self) -> contextlib.AbstractContextManager[Any]:
         transaction: contextlib.AbstractContextManager[Any] = write_transaction(self.db)

@@ -175,7 +175,9 @@ class Store:
                         "`memory-sidecar check` for the full report",
                         reason=Reason.DATABASE_CORRUPT,
                     )
-                return schema.migrate(self._backend)
+                version = schema.migrate(self._backend)
+            self._backend.start()
+            return version
         except BaseException:
             self.close()  # a store that failed to open holds no connection
             raise
@@ -193,6 +195,7 @@ class Store:
             time.sleep(0.01)
         if busy:
             log.warning("closing the store while %d connections are still in use", busy)
+        self._backend.stop()
         self._db.close_all()
 
     def _borrowed(self) -> int:
