@@ -99,7 +99,8 @@ def test_weights_are_unsigned_codes_about_128() -> None:
     assert codes.dtype == np.uint8
     assert codes.shape == (3, 2)
     np.testing.assert_allclose((codes.astype(np.float32) - 128) * scales, weight.T, atol=0.01)
-    assert codes.min() == 1 and codes.max() == 255
+    assert codes.min() == 1
+    assert codes.max() == 255
 
 
 def test_a_texts_row_does_not_depend_on_its_batch(int8: QuantizedEncoder) -> None:
