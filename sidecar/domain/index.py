@@ -5,8 +5,9 @@ A tier of `server.compact_tier_entries` or more is held compactly
 (sidecar.retrieval.compact). Loading one restores its persisted index and replays the
 writes logged since (sidecar.retrieval.index_format), or indexes its rows when there
 is no usable index. The index is saved again in the background, one thread
-per partition, when it is missing or lacks many writes; a refused or failed
-save backs off for INDEX_RETRY_SECONDS. stop() waits for saves under way, so
+per partition, when it is missing or lacks many writes, and never sooner
+after the last than INDEX_PACE times as long as that one took; a refused or
+failed save backs off for INDEX_RETRY_SECONDS. stop() waits for saves under way, so
 the store never closes under one.
 
 Owns: the indexing threads and the back-off. Must not touch: the partition
@@ -35,14 +36,32 @@ PartitionKey = tuple[Tier, str]
 # writes, or 1% of its entries if more: each load replays what it lacks.
 INDEX_EVERY = 1000
 INDEX_RETRY_SECONDS = 60.0
+# A save costs in proportion to the tier (100,000 entries: about a second of
+# CPU, much of it holding the GIL the requests need), and a tier written
+# without pause is due again (1% of it) within seconds: saved back to back,
+# it held up every write (AddMemory into 100,000 entries paid about a
+# millisecond for it). So the next save of a partition waits INDEX_PACE
+# times as long as its last took: saving takes at most 1/(INDEX_PACE + 1)
+# of a core, and a load replays at most the writes of that rest more.
+INDEX_PACE = 10.0
 
 
 class Indexer:
     """Loads large tiers and keeps their persisted indexes current."""
 
-    def __init__(self, store: Store, *, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        every: int = INDEX_EVERY,
+        pace: float = INDEX_PACE,
+    ) -> None:
         self._store = store
         self._now = now
+        self._every, self._pace = every, pace
+        # When each partition's next save may start (INDEX_PACE).
+        self._rested: dict[PartitionKey, float] = {}
         # Partitions whose compact index is being persisted (one at a time
         # each), by the thread doing it; none start once stopping.
         self._threads: dict[PartitionKey, threading.Thread] = {}
@@ -123,13 +142,14 @@ class Indexer:
         if not isinstance(partition, CompactPartition):
             return
         storage = partition.storage
-        due = max(INDEX_EVERY, partition.count // 100)
+        due = max(self._every, partition.count // 100)
         if storage.indexed and partition.unindexed < due:
             return
-        if self._now() - storage.refused_at < INDEX_RETRY_SECONDS:
+        now = self._now()
+        if now - storage.refused_at < INDEX_RETRY_SECONDS:
             return
         with self._lock:
-            if self._stopped or key in self._threads:
+            if self._stopped or key in self._threads or now < self._rested.get(key, now):
                 return
             thread = threading.Thread(
                 target=self._index, args=(key, partition), name="memory-indexer", daemon=True
@@ -138,6 +158,7 @@ class Indexer:
             thread.start()
 
     def _index(self, key: PartitionKey, partition: CompactPartition) -> None:
+        started = self._now()
         try:
             if not index_format.persist(self._store, partition):
                 # Another process saved a newer one, or the log was dropped
@@ -157,7 +178,9 @@ class Indexer:
             partition.storage.refused_at = self._now()
             log.exception("could not persist the compact index of %s/%s", key[1], key[0].value)
         finally:
+            ended = self._now()
             with self._lock:
+                self._rested[key] = ended + self._pace * max(0.0, ended - started)
                 self._threads.pop(key, None)
 
     def busy(self) -> bool:
