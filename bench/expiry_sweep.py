@@ -7,7 +7,8 @@ ahead. The daemon's background sweep runs every 0.2 s, with no grace (rows
 go as they expire). The baseline is InjectForTurn on that tier with nothing
 expired; then the tenth's expiry is moved to now (one UPDATE from outside
 the daemon) and the same turns are measured while the sweep removes them,
-500 per transaction, resting after each batch as long as it took. Each
+500 per transaction, resting after each batch three times as long as it
+took (PACE). Each
 batch advances the tier's generation, but what it removes was hidden
 already: the session keeps its frozen block, and turns read the cached
 compact index with the batch applied as tombstones, or the one before it
@@ -137,7 +138,8 @@ def bench_expiry_sweep(report: Report, work: Path, corpus: Corpus, size: int) ->
         "baseline), then while the background sweep (every 0.2 s, 500 rows per transaction) "
         "removes the tenth, after their expiry was moved to now, and after it is done (and "
         "the index the daemon persists again since has been saved). The sweep rests after "
-        "each batch as long as the batch took. Each batch advances the tier's generation, "
+        "each batch three times as long as the batch took. Each batch advances the tier's "
+        "generation, "
         "but removes only entries hidden already: the session keeps its frozen block, and "
         "the cached compact index takes the batch as tombstones (no reload); a turn that "
         "comes while a batch's transaction is under way reads the index as it was before "

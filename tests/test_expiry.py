@@ -377,7 +377,7 @@ def test_a_paced_sweep_rests_after_each_batch_and_stops_while_resting(
     wait_past(clock, briefs[-1])
     rests: list[float] = []
     assert engine.sweep_expired(rest=rests.append) == 5
-    # Once after each of the three batches, as long as the batch took.
+    # Once after each of the three batches, PACE times as long as the batch took.
     assert len(rests) == 3
     assert min(rests) >= 0
 
