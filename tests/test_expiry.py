@@ -31,6 +31,7 @@ from sidecar.ops import admin
 from sidecar.retrieval.compact import CompactPartition
 from sidecar.storage import archive
 from sidecar.storage.archive import LegacyEntry
+from sidecar.storage.expiry import Swept
 from sidecar.storage.store import Store
 from sidecar.storage.writes import Expires, NewEntry, TierPolicy
 from tests.conftest import (
@@ -44,6 +45,7 @@ from tests.conftest import (
     refused,
 )
 from tests.test_watch import Watcher
+from tests.waits import WAIT_SECONDS
 
 pytestmark = pytest.mark.contract
 
@@ -375,7 +377,7 @@ def test_a_paced_sweep_rests_after_each_batch_and_stops_while_resting(
     wait_past(clock, briefs[-1])
     rests: list[float] = []
     assert engine.sweep_expired(rest=rests.append) == 5
-    # Once after each of the three batches, as long as the batch took.
+    # Once after each of the three batches, PACE times as long as the batch took.
     assert len(rests) == 3
     assert min(rests) >= 0
 
@@ -525,6 +527,60 @@ def test_a_compact_tier_hides_an_expired_entry_and_refreshes_its_block(
     last = sidecar.turn("s", "staging", scope=SCOPE)
     assert brief.memory.id not in last.system_block_memory_ids
     assert len(last.system_block_memory_ids) == 5
+
+
+def test_a_turn_during_a_sweep_batch_reads_the_tier_before_it_without_waiting(
+    clock: WallClock, make_sidecar: MakeSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch holds the partition's stripe from its transaction until the
+    # caches take it in. A turn that comes after its commit is heard reads
+    # the cached compact partition from before the batch, without waiting:
+    # the entries it still holds expired already and are never shown.
+    sidecar = make_sidecar(
+        "defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP, **NO_GRACE
+    )
+    for i in range(5):
+        sidecar.add(f"Standing fact number {i} about the staging cluster", scope=SCOPE)
+    briefs = [
+        sidecar.add(f"Brief {i}: the staging cluster is down", scope=SCOPE, ttl_seconds=TTL)
+        for i in range(3)
+    ]
+    gone = {brief.memory.id for brief in briefs}
+    wait_past(clock, briefs[-1])
+    first = sidecar.turn("s", "staging", scope=SCOPE)
+    partitions = sidecar.sidecar.engine.inside().partitions
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = partitions.cached(key)
+    assert isinstance(held, CompactPartition)
+    reached, release, resumed = threading.Event(), threading.Event(), threading.Event()
+    taken_in = partitions.swept
+    batches: list[int] = []
+
+    def swept(key: tuple[Tier, str], batch: Swept) -> None:  # committed, under the stripe
+        batches.append(batch.generation)
+        reached.set()
+        release.wait(WAIT_SECONDS)
+        resumed.set()
+        taken_in(key, batch)
+
+    monkeypatch.setattr(partitions, "swept", swept)
+    sweep = threading.Thread(target=sidecar.sidecar.engine.sweep_expired)
+    sweep.start()
+    try:
+        assert reached.wait(WAIT_SECONDS)
+        partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, batches[0])  # as the feed would
+        turn = sidecar.turn("s", "staging cluster down", scope=SCOPE)
+        assert not resumed.is_set()  # the turn did not wait for the batch
+        assert turn.cache_hit
+        assert turn.system_block == first.system_block
+        assert not gone & (set(turn.system_block_memory_ids) | set(turn.injected_memory_ids))
+        assert partitions.cached(key) is held
+    finally:
+        release.set()
+        sweep.join(WAIT_SECONDS)
+    taken = partitions.cached(key)
+    assert isinstance(taken, CompactPartition)
+    assert (taken.generation, taken.count) == (batches[-1], 5)
 
 
 def test_another_replica_drops_an_expired_entry_without_any_write(

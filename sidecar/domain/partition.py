@@ -28,7 +28,10 @@ back whole. (An add grouped with others, sidecar.storage.group_commit,
 holds it only to apply its delta, after its commit: a load before that sees
 the partition without it, at the write's previous generation, or with it.)
 Stripes are taken in index order; inside them only the dictionary locks of
-Generations and the LRU.
+Generations and the LRU. The expiry sweep holds a stripe through each
+batch's transaction; a read meanwhile takes the cached partition from before
+the batch (a compact one reads its entries back by the clock; a full one
+was loaded without what the batch removes) instead of waiting.
 
 Owns: the partition cache, the generations, the change feed's callback,
 the runs of the expiry sweep's batches (which leave views current).
@@ -274,16 +277,16 @@ class Partitions:
     # --- loading --------------------------------------------------------------
 
     def get(self, key: PartitionKey, *, force: bool = False) -> AnyPartition:
-        """The partition as of its current generation, loaded at most once."""
+        """The partition as of its current generation (see _readable), loaded at most once."""
         cached = self._cache.get(key)
-        if cached is not None and not force and self.is_fresh(cached):
+        if cached is not None and not force and _readable(self, cached):
             return cached
         with self._stripe(key):
             # Writes of this process to this partition hold the same lock
             # (see writing); the rows and the generation come from one
             # snapshot whoever else writes.
             cached = self._cache.get(key)
-            if cached is not None and not force and self.is_fresh(cached):
+            if cached is not None and not force and _readable(self, cached):
                 return cached
             # Followed from before the read: news of a write committed after
             # the read is then kept, and marks what is loaded here stale.
@@ -511,6 +514,15 @@ class SweepRuns:
         for key in list(self._of):
             if key not in keys:
                 self._of.pop(key, None)
+
+
+def _readable(partitions: Partitions, cached: AnyPartition) -> bool:
+    """Whether a read may take the cached partition: it is current, or only
+    this process's expiry sweep moved past it (swept_only). What the sweep
+    removed was hidden already, so it reads as the current one does, and a
+    read never waits for a batch, which holds the stripe from its
+    transaction until the caches take it in."""
+    return partitions.is_fresh(cached) or partitions.swept_only(cached, math.inf)
 
 
 def _holds_none(

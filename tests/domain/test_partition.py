@@ -3,6 +3,7 @@ learned from this process's writes and other processes' (the change feed)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from sidecar.storage.expiry import Expired, Swept
 from sidecar.storage.store import Store
 from sidecar.storage.writes import NewEntry, TierPolicy
 from tests.conftest import MakeEngine
+from tests.waits import WAIT_SECONDS
 
 SCOPE = Scope(agent_id="coder", user_id="ada")
 
@@ -207,3 +209,34 @@ def test_a_sweep_batch_heard_from_the_feed_before_its_caches_are_told_keeps_view
     assert turn.generation == first.generation
     partitions.sweeps.forget(key)
     assert not engine.inject(SCOPE, "s").cache_hit
+
+
+def test_a_read_takes_the_partition_a_sweep_batch_is_moving_past_without_waiting(
+    make_engine: MakeEngine,
+) -> None:
+    # A sweep batch holds the partition's stripe through its transaction
+    # and the caches' update. A read that comes once its generation is
+    # heard takes the cached partition as it was (all the batch removes was
+    # hidden already) instead of waiting for the stripe; once another
+    # write comes between, it loads the partition again.
+    engine, _, _ = make_engine()
+    engine.add(NewEntry(SCOPE, Tier.MEMORY, "a note"))
+    engine.inject(SCOPE, "s")
+    partitions = engine.inside().partitions
+    key = (Tier.MEMORY, SCOPE.agent_id)
+    held = partitions.cached(key)
+    assert held is not None
+    g = held.generation
+    partitions.sweeps.add(key, Swept((Expired(10**9, "gone", 5),), held.usage, g, g + 10, 1))
+    partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, g + 10)
+    got: list[object] = []
+    with partitions.writing([key]):  # the batch, under way
+        reader = threading.Thread(target=lambda: got.append(partitions.get(key)))
+        reader.start()
+        reader.join(WAIT_SECONDS)
+        assert not reader.is_alive()
+    assert got == [held]
+    assert engine.inject(SCOPE, "s").cache_hit
+
+    partitions.heard(SCOPE.agent_id, Tier.MEMORY.value, g + 20)  # another process wrote
+    assert partitions.get(key) is not held
