@@ -141,8 +141,8 @@ class _Snapshot(NamedTuple):
 
 def _snapshot(partition: CompactPartition) -> _Snapshot:
     storage, size = partition.storage, partition.size
+    base = Storage()
     with storage.lock:
-        base = Storage()
         base.vocabulary, base.offsets = storage.vocabulary, storage.offsets
         base.positions, base.counts = storage.positions, storage.counts
         return _Snapshot(
