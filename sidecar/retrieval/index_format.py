@@ -35,7 +35,7 @@ import json
 import math
 import zipfile
 import zlib
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -117,28 +117,72 @@ def restore(tier: Tier, owner: str, source: IndexSource, fetch_rows: Fetch) -> C
     )
 
 
+class _Snapshot(NamedTuple):
+    """What to_bytes reads of a partition's shared storage, taken at once
+    under the storage's lock (writers change `appended`, the categories and
+    the tombstones under it, from request threads): the dict and list are
+    copied, the arrays only referenced. Positions below the partition's
+    size are never written again, a word's appended arrays only past each
+    tuple's `filled`, and the base segment is never replaced in a storage
+    in use, so the heavy work reads them after the lock is let go."""
+
+    seq: npt.NDArray[np.int64]
+    confidence: npt.NDArray[np.float64]
+    recency: npt.NDArray[np.float64]
+    category: npt.NDArray[np.int32]
+    # Which positions the partition holds (None: all of them).
+    alive: npt.NDArray[np.bool_] | None
+    names: list[str]
+    appended: dict[str, tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16], int]]
+    base: Storage
+    # Nothing written since the base segment was built.
+    untouched: bool
+
+
+def _snapshot(partition: CompactPartition) -> _Snapshot:
+    storage, size = partition.storage, partition.size
+    base = Storage()
+    with storage.lock:
+        base.vocabulary, base.offsets = storage.vocabulary, storage.offsets
+        base.positions, base.counts = storage.positions, storage.counts
+        return _Snapshot(
+            storage.seq[:size],
+            storage.confidence[:size],
+            storage.recency[:size],
+            storage.category[:size],
+            partition.alive(),
+            sorted(storage.categories, key=storage.categories.__getitem__),
+            # A dict's copy, not its items one by one: the lock is held briefly.
+            storage.appended.copy(),
+            base,
+            not storage.removals and not storage.appended and size == storage.size,
+        )
+
+
 def to_bytes(partition: CompactPartition) -> bytes:
     """A partition's index, to persist: the entries it holds in seq order, their
-    words in a fresh base segment (what was appended folded in)."""
-    storage, size = partition.storage, partition.size
-    if not storage.removals and not storage.appended and size == storage.size:
+    words in a fresh base segment (what was appended folded in). Safe while
+    the tier is written: it reads one snapshot of the storage (_snapshot)."""
+    size = partition.size
+    snapshot = _snapshot(partition)
+    base = snapshot.base
+    if snapshot.untouched:
         # Nothing written since it was built (the first index after a
         # load, in seq order): the base segment is the index as it is.
-        return _saved_as(partition, np.arange(size), storage)
-    alive = partition.alive()
-    kept = np.arange(size) if alive is None else np.flatnonzero(alive)
-    kept = kept[np.argsort(storage.seq[kept], kind="stable")]
+        return _saved_as(snapshot, np.arange(size), base)
+    kept = np.arange(size) if snapshot.alive is None else np.flatnonzero(snapshot.alive)
+    kept = kept[np.argsort(snapshot.seq[kept], kind="stable")]
     moved = np.full(size, -1, dtype=np.int32)
     moved[kept] = np.arange(len(kept), dtype=np.int32)
-    words = storage.vocabulary.words()
+    words = base.vocabulary.words()
     known: dict[str, int] = {}
     base_ids = np.repeat(
-        np.arange(len(words), dtype=np.int32), np.diff(storage.offsets).astype(np.int64)
+        np.arange(len(words), dtype=np.int32), np.diff(base.offsets).astype(np.int64)
     )
-    id_parts, position_parts, count_parts = [base_ids], [storage.positions], [storage.counts]
-    for word, (held, tally, filled) in list(storage.appended.items()):
+    id_parts, position_parts, count_parts = [base_ids], [base.positions], [base.counts]
+    for word, (held, tally, filled) in snapshot.appended.items():
         visible = int(np.searchsorted(held[:filled], size))
-        term_id = storage.vocabulary.get(word)
+        term_id = base.vocabulary.get(word)
         if term_id is None:
             term_id = known.get(word)
             if term_id is None:
@@ -158,26 +202,22 @@ def to_bytes(partition: CompactPartition) -> bytes:
     out = Storage()
     make_segment(out, words, ids[order], positions[order], counts[order])
     del words, ids, counts, positions, order
-    return _saved_as(partition, kept, out)
+    return _saved_as(snapshot, kept, out)
 
 
-def _saved_as(
-    partition: CompactPartition, kept: npt.NDArray[np.integer[Any]], segment: Storage
-) -> bytes:
+def _saved_as(snapshot: _Snapshot, kept: npt.NDArray[np.integer[Any]], segment: Storage) -> bytes:
     """The entries at positions `kept` (in seq order) with `segment`'s
     words, serialised."""
-    storage = partition.storage
-    names = sorted(storage.categories, key=storage.categories.__getitem__)
     buffer = io.BytesIO()
     np.savez(
         buffer,
         version=np.array([FORMAT]),
         tokenizer=np.frombuffer(tokenizer().encode(), dtype=np.uint8),
-        seq=storage.seq[kept],
-        confidence=storage.confidence[kept],
-        recency=storage.recency[kept],
-        category=storage.category[kept],
-        categories=np.frombuffer(json.dumps(names).encode(), dtype=np.uint8),
+        seq=snapshot.seq[kept],
+        confidence=snapshot.confidence[kept],
+        recency=snapshot.recency[kept],
+        category=snapshot.category[kept],
+        categories=np.frombuffer(json.dumps(snapshot.names).encode(), dtype=np.uint8),
         hashes=segment.vocabulary.hashes,
         bounds=segment.vocabulary.bounds,
         text=np.frombuffer(segment.vocabulary.text, dtype=np.uint8),
