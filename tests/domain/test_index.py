@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.config.settings import TierPolicy
 from sidecar.core.memory import Scope, Tier
 from sidecar.domain.index import Indexer
 from sidecar.storage.store import Store
-from sidecar.storage.writes import NewEntry
+from sidecar.storage.writes import NewEntry, TierPolicy
 from tests.conftest import eventually
 
 SCOPE = Scope("agent")
