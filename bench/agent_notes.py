@@ -81,14 +81,14 @@ def previous_keywords(text: str) -> list[str]:
 @contextmanager
 def previous_tokenizer() -> Iterator[None]:
     """Partitions built meanwhile index entries as before (partition.py
-    tokenizes an entry through the name it imported)."""
+    tokenizes an entry through the name it imported, text_terms)."""
     module = vars(partition)
-    current = module["terms"]
-    module["terms"] = previous_terms
+    current = module["text_terms"]
+    module["text_terms"] = lambda text: tuple(previous_terms(text))
     try:
         yield
     finally:
-        module["terms"] = current
+        module["text_terms"] = current
 
 
 @dataclass(frozen=True)

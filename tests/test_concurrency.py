@@ -21,6 +21,7 @@ pytestmark = pytest.mark.contract
 SCOPES = [pb.Scope(agent_id=f"agent-{i}", user_id=f"user-{i % 2}") for i in range(3)]
 BUDGETS = {pb.TIER_MEMORY: 400, pb.TIER_USER: 250}
 EXPECTED = {"OK", "FAILED_PRECONDITION"}  # budget refusals are part of the game
+ENOUGH = 100  # calls through before the load may stop
 
 
 def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
@@ -31,7 +32,15 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
     codes: Counter[str] = Counter()
     problems: list[str] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + 3.0
+    # At least 3 s of load, and on until enough calls went through: a loaded
+    # machine gets longer, never a failure for being slow (within the bound).
+    started = time.monotonic()
+
+    def loading() -> bool:
+        elapsed = time.monotonic() - started
+        with lock:
+            done = codes["OK"]
+        return elapsed < 3.0 or (done <= ENOUGH and elapsed < WAIT_SECONDS)
 
     def note(code: str, problem: str | None = None) -> None:
         with lock:
@@ -45,7 +54,7 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
         session = f"writer-{n}"
         own: str | None = None
         version = 0
-        while time.monotonic() < deadline:
+        while loading():
             version += 1
             content = f"w{n} v{version}"
             try:
@@ -82,7 +91,7 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
 
     def reader(n: int) -> None:
         scope = SCOPES[n % len(SCOPES)]
-        while time.monotonic() < deadline:
+        while loading():
             try:
                 stub.InjectForTurn(
                     pb.InjectForTurnRequest(
@@ -106,7 +115,7 @@ def test_mixed_load_keeps_every_invariant(make_sidecar: MakeSidecar) -> None:
     assert not [t for t in threads if t.is_alive()], "a thread is stuck: deadlock"
 
     assert set(codes) <= EXPECTED, codes  # never UNAVAILABLE (locked), INTERNAL, ...
-    assert codes["OK"] > 100
+    assert codes["OK"] > ENOUGH
     assert problems == []
     for scope in SCOPES:
         listed = running.list(scope=scope)
