@@ -81,13 +81,16 @@ def test_a_handler_new_for_a_call_is_wrapped_afresh_and_its_error_mapped() -> No
     def missing(request: str, context: Any) -> str:
         raise NotFound("no such memory")
 
-    answers = [_handler(lambda request, context: request), _handler(missing)]
-    handlers = [
-        counted.intercept_service(
-            lambda details, h=h: errors.intercept_service(lambda _: h, details), _Details()
-        )
-        for h in answers
-    ]
+    def echo(request: str, context: Any) -> str:
+        return request
+
+    def through(below: Any) -> Any:
+        def inner(details: Any) -> Any:
+            return errors.intercept_service(lambda _: below, details)
+
+        return counted.intercept_service(inner, _Details())
+
+    handlers = [through(_handler(echo)), through(_handler(missing))]
     assert handlers[0] is not handlers[1]
     assert handlers[0].unary_unary(b"a", _Context()) == "a"
     context = _Context()
