@@ -62,9 +62,34 @@ def _internal() -> grpc.Status:
     return to_status(SidecarError("internal error; the sidecar's log has the details"))
 
 
+class _Wrapped:
+    """An interceptor's wrapped handlers, one per method and handler below.
+
+    A wrapper that depends only on the method and on the handler the
+    interceptors below return is built once, not for every call: the same
+    handler object below gets the same wrapper (one that changes per call,
+    auth's grant, misses and is wrapped afresh)."""
+
+    def __init__(self, wrap: Callable[[str, Any], Any]) -> None:
+        self._wrap = wrap
+        self._cache: dict[str, tuple[Any, Any]] = {}
+
+    def __call__(self, method: str, handler: Any) -> Any:
+        cached = self._cache.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        # Methods are the services' own (an unknown one has no handler).
+        self._cache[method] = (handler, wrapped)
+        return wrapped
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions raised by MemoryService's handlers (unary, and
     server-streaming ones while they stream) to statuses."""
+
+    def __init__(self) -> None:
+        self._wrapped = _Wrapped(self._guarded)
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -72,7 +97,9 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return handler
-        method = handler_call_details.method
+        return self._wrapped(handler_call_details.method, handler)
+
+    def _guarded(self, method: str, handler: Any) -> Any:
         deserialize = handler.request_deserializer
 
         def parsed(raw: bytes) -> Any:
@@ -158,6 +185,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
     def __init__(self, metrics: Metrics, clock: Callable[[], float] = time.perf_counter) -> None:
         self._metrics = metrics
         self._clock = clock
+        self._wrapped = _Wrapped(self._counted)
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -165,7 +193,10 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        return self._wrapped(handler_call_details.method, handler)
+
+    def _counted(self, full_method: str, handler: Any) -> Any:
+        service, _, method = full_method.lstrip("/").rpartition("/")
         for attribute, grpc_type, factory in _KINDS:
             behavior = getattr(handler, attribute)
             if behavior is None:

@@ -18,7 +18,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -73,10 +73,17 @@ def read_tiers(value: int) -> tuple[Tier, ...]:
     return (_PB_TO_TIER[number],) if number in _PB_TO_TIER else tuple(Tier)
 
 
-def _timestamp(moment: Any) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _timestamp(moment: datetime) -> Timestamp:
+    """Timestamp.FromDatetime's value (naive taken as UTC), from the
+    difference to the epoch: FromDatetime's time tuple and timegm cost a
+    few percent of an AddMemory's CPU (two or three per entry answered)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    since = moment - _EPOCH
+    return Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def memory_pb(memory: Memory) -> pb.Memory:

@@ -73,6 +73,15 @@ STRIPES = 64
 ERASURES_REMEMBERED = 10_000
 
 
+@contextlib.contextmanager
+def _holding(locks: list[threading.Lock]) -> Iterator[None]:
+    """All of `locks`, taken in order (Partitions.writing)."""
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
 class Partitions:
     """Current partitions, loaded at most once each and kept while used."""
 
@@ -327,8 +336,7 @@ class Partitions:
     def _stripe(self, key: PartitionKey) -> threading.Lock:
         return self._locks[hash(key) % STRIPES]
 
-    @contextlib.contextmanager
-    def writing(self, keys: Iterable[PartitionKey]) -> Iterator[None]:
+    def writing(self, keys: Iterable[PartitionKey]) -> contextlib.AbstractContextManager[Any]:
         """Hold the partition locks of the partitions a write may change.
 
         A write and a (re)load of the same partition never interleave, so
@@ -336,10 +344,9 @@ class Partitions:
         being read back whole. Stripes are taken in index order.
         """
         stripes = sorted({hash(key) % STRIPES for key in keys})
-        with contextlib.ExitStack() as stack:
-            for stripe in stripes:
-                stack.enter_context(self._locks[stripe])
-            yield
+        # An add's one partition: its lock as it is (cheaper than a generator).
+        locks = [self._locks[stripe] for stripe in stripes]
+        return locks[0] if len(locks) == 1 else _holding(locks)
 
     def added(self, key: PartitionKey, written: Written) -> None:
         """An AddMemory committed (under `writing`)."""

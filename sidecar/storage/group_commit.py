@@ -16,10 +16,12 @@ the ones before it (a budget is checked against the group's earlier
 writes; an idempotency key retried within the group finds the first's
 row). Every caller hears back only after the commit returns: if the commit
 fails, every write of the group fails with its error and none is
-acknowledged. A write that fails otherwise (a driver error: the disk full,
-an I/O error) ends the group's transaction: it gets its error, and the
-other writes run again, each in a transaction of its own, as without
-grouping.
+acknowledged. The lead passes on as soon as the commit returns: the next
+group's transaction runs while this group's callers' `after`s (the caches
+above) are applied, in order, each group's only after the group before's.
+A write that fails otherwise (a driver error: the disk full, an I/O error)
+ends the group's transaction: it gets its error, and the other writes run
+again, each in a transaction of its own, as without grouping.
 
 Owns: GroupCommit (the queue of pending writes, the hand-over of the lead,
 the group's transaction and savepoints, when each caller hears back) and
@@ -46,6 +48,20 @@ T = TypeVar("T")
 MAX_GROUP = 64
 
 
+_waiters = threading.local()
+
+
+def _waiter() -> threading.Lock:
+    """This thread's lock to wait on, held whenever the thread is not
+    waiting: one per thread, rather than an Event (a Condition, and a lock
+    per wait) per write."""
+    lock: threading.Lock | None = getattr(_waiters, "lock", None)
+    if lock is None:
+        lock = _waiters.lock = threading.Lock()
+        lock.acquire()
+    return lock
+
+
 class _Pending:
     """One caller's write: its function, and, once done, its outcome."""
 
@@ -56,9 +72,9 @@ class _Pending:
         self.after = after
         self.value: Any = None
         self.error: BaseException | None = None
-        # A follower's (a leader never waits): set once, when the outcome
-        # is known or when this caller is to lead.
-        self.wake: threading.Event | None = None
+        # A follower's (a leader never waits): released once, when the
+        # outcome is known or when this caller is to lead (see _waiter).
+        self.wake: threading.Lock | None = None
         self.finished = False
 
     def done(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -105,6 +121,11 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._leading = False
+        # Held by a leader from its commit to the end of its group's
+        # `after`s. Taken before the lead passes on, so the next group's
+        # `after`s wait for these: a cached partition takes its writes in
+        # generation order (one out of order would leave it to reload).
+        self._applying = threading.Lock()
         # Commits of writes, and the writes they held (what the tests and
         # the bench read: how much grouping happened).
         self.commits = 0
@@ -136,41 +157,58 @@ class GroupCommit:
             lead = not self._leading
             self._leading = True
             if not lead:
-                pending.wake = wake = threading.Event()
+                pending.wake = wake = _waiter()
         if not lead:
-            wake.wait()
+            wake.acquire()
         if not pending.finished:
             # First in, or handed the lead by the leader before: run the
             # writes waiting now, this one among them.
-            self._lead()
+            self._lead(pending)
         return cast(T, pending.outcome())
 
-    def _lead(self) -> None:
+    def _lead(self, own: _Pending) -> None:
         with self._lock:
             group = self._queue[: self._max]
             del self._queue[: self._max]
+        applying = False
         try:
-            self._commit(group)
+            committed = self._commit(group)
+            self._applying.acquire()
+            applying = True
+            self._pass_lead()
+            # The next transaction runs meanwhile (SQLite's calls release
+            # the GIL); every caller still hears back only once its `after`
+            # has run.
+            for pending, value in committed:
+                pending.committed(value)
         finally:
-            with self._lock:
-                successor = self._queue[0] if self._queue else None
-                self._leading = successor is not None
-            # Hand the lead on before waking the group: the next
-            # transaction starts while they return.
-            if successor is not None and successor.wake is not None:
-                successor.wake.set()
+            if applying:
+                self._applying.release()
+            else:
+                self._pass_lead()
             for pending in group:
                 if not pending.finished:  # pragma: no cover - _commit finishes every one
                     pending.done(error=RuntimeError("the write's group ended without it"))
-                if pending.wake is not None:
-                    pending.wake.set()
+                if pending.wake is not None and pending is not own:
+                    pending.wake.release()
 
-    def _commit(self, group: list[_Pending]) -> None:
-        """Run the group's writes and commit them; finish every one."""
+    def _pass_lead(self) -> None:
+        """Wake the first write queued meanwhile to lead the next group."""
+        with self._lock:
+            successor = self._queue[0] if self._queue else None
+            self._leading = successor is not None
+        if successor is not None and successor.wake is not None:
+            successor.wake.release()
+
+    def _commit(self, group: list[_Pending]) -> list[tuple[_Pending, Any]]:
+        """Run the group's writes and commit them; finish every one but
+        those committed, which it returns with their values (their
+        `after`s are still to run)."""
+        committed: list[tuple[_Pending, Any]] = []
         if len(group) == 1:
-            self._finish_alone(group[0])
+            self._finish_alone(group[0], committed)
         else:
-            self._together(group)
+            self._together(group, committed)
         with self._lock:
             self.commits += 1
             self.writes += len(group)
@@ -180,6 +218,7 @@ class GroupCommit:
             # must not turn an acknowledged write into an error.
             with contextlib.suppress(Exception):
                 self.on_group(len(group))
+        return committed
 
     def _alone(self, write: Callable[[], T]) -> T:
         """A write in a transaction of its own (no savepoint: its error
@@ -188,15 +227,15 @@ class GroupCommit:
         with backend.guard(), self._db.connection_context(), backend.write_transaction():
             return write()
 
-    def _finish_alone(self, pending: _Pending) -> None:
+    def _finish_alone(self, pending: _Pending, committed: list[tuple[_Pending, Any]]) -> None:
         try:
             value = self._alone(pending.write)
         except Exception as exc:
             pending.done(error=exc)
         else:
-            pending.committed(value)
+            committed.append((pending, value))
 
-    def _together(self, group: list[_Pending]) -> None:
+    def _together(self, group: list[_Pending], committed: list[tuple[_Pending, Any]]) -> None:
         """One transaction for the group, a savepoint per write."""
         results: list[tuple[_Pending, Any, BaseException | None]] = []
         broken: _Pending | None = None
@@ -226,10 +265,10 @@ class GroupCommit:
             broken.done(error=exc)
             for pending in group:
                 if pending is not broken:
-                    self._finish_alone(pending)
+                    self._finish_alone(pending, committed)
             return
         for pending, value, error in results:
             if error is None:
-                pending.committed(value)
+                committed.append((pending, value))
             else:
                 pending.done(error=error)

@@ -243,3 +243,50 @@ def test_only_sqlite_groups(databases: Callable[[str], str], backend: str) -> No
         assert store.add(_entry("written"), UNLIMITED).created
     finally:
         store.close()
+
+
+def test_the_next_group_commits_while_one_applies_its_follow_ups_in_order(
+    store: Store,
+) -> None:
+    """The lead passes on once a commit returns; the next group's follow-ups
+    still wait for the group's before them, and each caller hears back only
+    after its own follow-up ran."""
+    followed: list[str] = []
+    returned: list[str] = []
+    seen_meanwhile: list[tuple[list[str], list[str]]] = []
+    leading = threading.Event()
+
+    def queued() -> bool:
+        leading.set()
+        eventually(lambda: store.group_commit.waiting() == 1, "the next write to queue")
+        return True
+
+    def after_first(written: Written) -> None:
+        # The next write's transaction commits while this one's follow-up runs.
+        eventually(lambda: store.group_commit.commits == 2, "the next group to commit")
+        seen_meanwhile.append((list(followed), list(returned)))
+        followed.append(written.memory.content)
+
+    def after_next(written: Written) -> None:
+        followed.append(written.memory.content)
+
+    def add(content: str, after: Callable[[Written], None], **kwargs: Any) -> None:
+        store.add(_entry(content), UNLIMITED, on_commit=after, **kwargs)
+        returned.append(content)
+
+    first = threading.Thread(
+        target=add, args=("first", after_first), kwargs={"still_wanted": queued}
+    )
+    first.start()
+    assert leading.wait(WAIT_SECONDS)
+    following = threading.Thread(target=add, args=("next", after_next))
+    following.start()
+    for thread in (first, following):
+        thread.join(WAIT_SECONDS)
+        assert not thread.is_alive()
+    # Meanwhile the next write had committed, but neither its follow-up ran
+    # nor its caller heard back.
+    assert seen_meanwhile == [([], [])]
+    assert followed == ["first", "next"]
+    assert sorted(returned) == ["first", "next"]
+    assert _stored(store) == ["first", "next"]
