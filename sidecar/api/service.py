@@ -78,8 +78,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def _timestamp(moment: datetime) -> Timestamp:
     """Timestamp.FromDatetime's value (naive taken as UTC), from the
-    difference to the epoch: FromDatetime's time tuple and timegm cost a
-    few percent of an AddMemory's CPU (two or three per entry answered)."""
+    difference to the epoch: about 1 µs against FromDatetime's 5 µs (its
+    time tuple and timegm), two or three per entry answered."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     since = moment - _EPOCH
