@@ -6,7 +6,8 @@ memory id.
 Owns: every metric's name, help, labels and buckets, and the change feed's
 collector. Must not touch: what it measures (callers count; it reads only the
 feed given to watch_feed, when scraped), ids as label values, or the network
-(sidecar.api.server serves the registry). Of the package it imports only __version__.
+(sidecar.api.server serves the registry). Of the package it imports only __version__
+and sidecar.core.statements (the statements' per-thread tally).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
+from sidecar.core.statements import StatementTally
 
 # Statement kinds worth telling apart; anything else is "other".
 _OPERATIONS = frozenset(
@@ -175,20 +177,15 @@ class Metrics:
 
     def _define_database(self, r: CollectorRegistry) -> None:
         """The store's SQL statements (db_query observes them) and commits."""
-        self.db_queries = Counter(
-            "memory_db_queries", "SQL statements run by the store.", ["operation"], registry=r
+        # Tallied per thread and summed when scraped (sidecar.core.statements):
+        # every statement of every write comes through db_query.
+        self._statements = StatementTally(
+            ("memory_db_queries", "SQL statements run by the store."),
+            ("memory_db_query_duration_seconds", "Time to run one SQL statement."),
+            kinds=_OPERATIONS,
+            bounds=_LATENCY_BUCKETS[:-2],
         )
-        self.db_query_seconds = Histogram(
-            "memory_db_query_duration_seconds",
-            "Time to run one SQL statement.",
-            buckets=_LATENCY_BUCKETS[:-2],
-            registry=r,
-        )
-        # db_queries' child per operation, made on first use as labels()
-        # makes it (a scrape shows the same series): labels() takes the
-        # metric's lock and builds a key on every call, and every statement
-        # of every write comes through db_query.
-        self._db_query_counts: dict[str, Any] = {}
+        r.register(self._statements)
         self.db_write_group_size = Histogram(
             "memory_db_write_group_size",
             "Adds committed in one write transaction (server.group_commit).",
@@ -298,12 +295,5 @@ class Metrics:
         self._feed.feed = feed
 
     def db_query(self, sql: str, seconds: float) -> None:
-        head = sql.lstrip().split(None, 1)
-        operation = head[0].lower() if head else "other"
-        if operation not in _OPERATIONS:
-            operation = "other"
-        counted = self._db_query_counts.get(operation)
-        if counted is None:
-            counted = self._db_query_counts[operation] = self.db_queries.labels(operation)
-        counted.inc()
-        self.db_query_seconds.observe(seconds)
+        """One SQL statement the store ran, which took `seconds`."""
+        self._statements.observe(sql, seconds)
