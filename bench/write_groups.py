@@ -5,9 +5,11 @@ process (each thread its own partition, no budget), with server.group_commit
 off and on, on SQLite and, when there is a cluster, on PostgreSQL (which
 never groups: writers of different partitions hold different row locks and
 run at once); then AddMemory over gRPC at 16 in flight (16 agents), off and
-on, beside health checks at the same concurrency (the floor of any RPC),
+on, beside health checks at the same concurrency (the most any RPC reaches),
 with the daemon's CPU time a call (from /proc: wall-clock rates on a shared
-machine swing with the other jobs' load, CPU a call far less).
+machine swing with the other jobs' load, CPU a call far less), and health
+checks at 16 in flight against a bare grpc server (bench.bare_server: no
+sidecar code, no interceptors), the ceiling of any RPC on the machine.
 Baseline: raw Peewee inserts of one row per transaction, one after another,
 with the same pragmas, in this process (raw psycopg on PostgreSQL), measured
 before and after the store's figures and averaged.
@@ -19,6 +21,8 @@ bench.postgres_writes) nor the shared helpers; its databases are groups-*.db.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -69,6 +73,19 @@ def bench_write_groups(
     rows.append(
         ["SQLite", "health check over gRPC x16", "", checks, "", "", "", _cpu(grouped.check_cpu)]
     )
+    bare, bare_cpu = _bare_rate(len(texts))
+    rows.append(
+        [
+            "-",
+            "health check x16, bare grpc server",
+            "",
+            f"{bare:,.0f}/s",
+            f"{baseline:,.0f}/s",
+            f"{bare / baseline:.2f}",
+            "",
+            _cpu(bare_cpu),
+        ]
+    )
     if cluster is not None:
         rows.extend(_postgres_rows(cluster, texts, count))
     rows = [row + [""] * (8 - len(row)) for row in rows]
@@ -79,8 +96,10 @@ def bench_write_groups(
         "commits share the next transaction, each in its own savepoint), against raw inserts "
         "of one row per transaction one after another, in this process, with the same pragmas "
         "(raw psycopg on PostgreSQL, which never groups). Over gRPC the client's 16 threads "
-        "and the daemon share the machine's cores: a health check at the same concurrency is "
-        "the ceiling of any RPC. The last column is the daemon's CPU time a call (off / on), "
+        "and the daemon share the machine's cores: health checks at the same concurrency are "
+        "the most calls a second any of the daemon's RPCs reaches, and health checks against a "
+        "bare grpc server (no sidecar code) the most any RPC of a Python sync server reaches "
+        "here. The last column is the daemon's CPU time a call (off / on), "
         "which the other jobs on a shared machine move far less than its rate.",
         [
             "database",
@@ -169,6 +188,34 @@ def _cpu(*seconds: float | None) -> str:
     if any(s is None for s in seconds):
         return ""
     return " / ".join(f"{s * 1000:.2f} ms" for s in seconds if s is not None)
+
+
+def _bare_rate(calls: int) -> tuple[float, float | None]:
+    """Health checks a second at 16 in flight against bench.bare_server, and
+    its CPU seconds a call."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.bare_server"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            grpc.channel_ready_future(channel).result(timeout=60)
+
+            def check(_slot: int, _i: int) -> None:
+                health.Check(health_pb2.HealthCheckRequest(), timeout=60)
+
+            _in_flight(calls // 4, 16, check)  # warm-up
+            started = _daemon_cpu(process.pid)
+            rate = _in_flight(calls, 16, check)
+            ended = _daemon_cpu(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    if started is None or ended is None:
+        return rate, None
+    return rate, (ended - started) / (calls // 16 * 16)
 
 
 def _grpc_rate(work: Path, texts: list[str], grouped: bool) -> _OverGrpc:
