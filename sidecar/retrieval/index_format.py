@@ -400,10 +400,11 @@ def _check_format(version: npt.NDArray[Any]) -> None:
         raise ForeignIndex(f"format {version.tolist()}, not {FORMAT}")
 
 
-# An index is written in parts of at most this many bytes (a row each:
-# PostgreSQL's bytea and SQLite's blobs stay far from their 1 GB limits, and
-# from a big allocation).
-PART_BYTES = 16 * 1024 * 1024
+# An index is written in parts of at most this many bytes, a row and a
+# transaction each (sidecar.storage.index): writers wait behind one part at a
+# time, staged or dropped (SQLite overwrites a deleted part: about 15 ms a
+# MiB), and PostgreSQL's bytea and SQLite's blobs stay far from their limits.
+PART_BYTES = 1024 * 1024
 
 
 def from_rows(store: Store, tier: Tier, owner: str) -> CompactPartition:
