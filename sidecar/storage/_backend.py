@@ -363,10 +363,9 @@ class Backend(abc.ABC):
     def stage_index_part(
         self, owner: str, tier: str, generation: int, number: int, part: bytes
     ) -> bool:
-        """Store one part of an index as of `generation`, not in use until
-        save_index names that generation in the state row. False, storing
-        nothing, when the part is already there: an index of that generation
-        is in use, or another attempt at it is under way (or was cut off)."""
+        """Store one part of an index as of `generation` (in use once
+        save_index says so); False, storing nothing, if that part is there:
+        an index in use, or another attempt's (under way or cut off)."""
         p = self.db.param
         cursor = self.db.execute_sql(
             f"INSERT INTO {INDEX_TABLE} (owner, tier, generation, part, data)"
@@ -377,16 +376,11 @@ class Backend(abc.ABC):
         return int(cursor.rowcount) == 1
 
     def index_parts_before(self, owner: str, tier: str, generation: int) -> list[tuple[int, int]]:
-        """(generation, part) of the partition's index parts older than
-        `generation`: indexes no longer in use, and attempts left behind
-        (an older version staged under negative keys)."""
+        """(generation, part) of the index parts older than `generation`."""
         p = self.db.param
-        cursor = self.db.execute_sql(
-            f"SELECT generation, part FROM {INDEX_TABLE}"
-            f" WHERE owner = {p} AND tier = {p} AND generation < {p} ORDER BY generation, part",
-            (owner, tier, generation),
-        )
-        return [(int(g), int(n)) for g, n in cursor.fetchall()]
+        sql = f"SELECT generation, part FROM {INDEX_TABLE} WHERE owner = {p} AND tier = {p}"
+        rows = self.db.execute_sql(f"{sql} AND generation < {p}", (owner, tier, generation))
+        return [(int(g), int(n)) for g, n in rows.fetchall()]
 
     def drop_index_part(self, owner: str, tier: str, generation: int, part: int) -> None:
         p = self.db.param
@@ -397,14 +391,11 @@ class Backend(abc.ABC):
         )
 
     def save_index(self, owner: str, tier: str, generation: int) -> None:
-        """Put the index staged as of `generation` in use, and drop the
-        changes it holds from the log. Inside write_transaction, after
-        lock_partition. The parts are not moved: rewriting a 13.5 MB part
-        under a new key held the write lock for about 0.7 s; the indexes
-        it replaces are dropped after the commit (IndexStore.save)."""
+        """Put the index staged as of `generation` in use, in place (moving
+        a 13.5 MB part to a new key held the write lock 0.7 s), and drop the
+        changes it holds from the log (logged with the generation before
+        each write). Inside write_transaction, after lock_partition."""
         p = self.db.param
-        # Logged with the generation before the write: the index holds the
-        # writes that started below `generation`.
         self.db.execute_sql(
             f"DELETE FROM {CHANGES_TABLE} WHERE owner = {p} AND tier = {p} AND generation < {p}",
             (owner, tier, generation),

@@ -154,6 +154,7 @@ class IndexStore:
                 if state.indexed != generation:
                     self._drop_parts(key, [(generation, n) for n in range(len(parts))])
                 return False
+            # Replaced, or left behind (an older version staged under negative keys).
             self._drop_parts(key, self._backend.index_parts_before(*key, generation))
             return True
 
