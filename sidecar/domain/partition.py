@@ -134,8 +134,7 @@ class Partitions:
         self.on_generation = on_generation
         # The expiry sweep's runs of batches (sidecar.domain.expiry notes each).
         self.sweeps = SweepRuns()
-        # Labelled children looked up once: every write (remote or of this
-        # process, see _written) touches one; a lookup costs more than the inc.
+        # Labelled children looked up once: every write touches one.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
         self._writes = metrics.snapshot_invalidations.labels("write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)

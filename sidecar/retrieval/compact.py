@@ -49,7 +49,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -89,9 +89,9 @@ _SMALL = 8
 _FIRST_CAPACITY = 4
 _MICROS_PER_DAY = 86_400_000_000
 
-# A word's appended postings: (positions, counts, filled), tuples while
-# few, else buffers of which the first `filled` are set.
-Held = tuple[tuple[int, ...], tuple[int, ...], int] | tuple[Int32Array, CountArray, int]
+# A word's appended postings: (positions, counts) tuples while few, else
+# (positions, counts, filled): buffers of which the first `filled` are set.
+Held = tuple[tuple[int, ...], tuple[int, ...]] | tuple[Int32Array, CountArray, int]
 
 Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
 # A slot of Storage's per-entry columns: seq, confidence, recency, category
@@ -123,16 +123,16 @@ def _day_terms(day: int) -> tuple[str, ...]:
 
 def held_postings(held: Held, size: int) -> tuple[Int32Array, CountArray]:
     """A word's appended postings below position `size`, as arrays."""
-    positions, tally, filled = held
-    if isinstance(positions, tuple):
+    if len(held) == 2:
+        positions, tally = held
         visible = bisect_left(positions, size)
         return (
             np.array(positions[:visible], dtype=np.int32),
             np.array(tally[:visible], dtype=np.uint16),
         )
-    tallies = cast(CountArray, tally)
-    visible = int(np.searchsorted(positions[:filled], size))
-    return positions[:visible], tallies[:visible]
+    buffer, tallies, filled = held
+    visible = int(np.searchsorted(buffer[:filled], size))
+    return buffer[:visible], tallies[:visible]
 
 
 def word_hash(word: str) -> int:
@@ -270,25 +270,25 @@ class Storage:
             if count > MAX_COUNT:
                 count = MAX_COUNT
             held = appended.get(term)
-            # Each case makes one assignment: a reader sees the old triple
-            # or the new one, and never a tuple or a buffer slot change
-            # below the `filled` it was handed.
+            # Each case makes one assignment: a reader sees the old postings
+            # or the new ones, and never a buffer slot change below the
+            # `filled` it was handed (tuples never change).
             if held is None:
-                appended[term] = ((position,), (count,), 1)
+                appended[term] = ((position,), (count,))
                 grown += _APPENDED_TERM_BYTES
                 continue
-            positions, tally, filled = held
-            if isinstance(positions, tuple) and isinstance(tally, tuple):
+            if len(held) == 2:
+                positions, tally = held
+                filled = len(positions)
                 if filled < _SMALL:
                     if filled == _FIRST_CAPACITY:
                         grown += filled * 6  # the first buffers it stands for doubled
-                    appended[term] = ((*positions, position), (*tally, count), filled + 1)
-                    continue
-                appended[term] = _buffers(positions, tally, position, count)
-                grown += filled * 6
+                    appended[term] = ((*positions, position), (*tally, count))
+                else:
+                    appended[term] = _buffers(positions, tally, position, count)
+                    grown += filled * 6
                 continue
-            # Past _SMALL: buffers (the check above is a tuple's).
-            buffer, tallies = cast(Int32Array, positions), cast(CountArray, tally)
+            buffer, tallies, filled = held
             if filled == len(buffer):
                 buffer = np.concatenate([buffer, np.empty(filled, dtype=np.int32)])
                 tallies = np.concatenate([tallies, np.empty(filled, dtype=np.uint16)])

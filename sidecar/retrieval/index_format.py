@@ -124,9 +124,9 @@ class _Snapshot(NamedTuple):
     under the storage's lock (writers change `appended`, the categories and
     the tombstones under it, from request threads): the dict and list are
     copied, the arrays only referenced. Positions below the partition's
-    size are never written again, a word's appended postings only past each
-    triple's `filled` (or in new tuples), and the base segment is never replaced in a storage
-    in use, so the heavy work reads them after the lock is let go."""
+    size are never written again, a word's appended buffers only past each
+    `filled` (its tuples never), and the base segment is never replaced in
+    a storage in use, so the heavy work reads them after the lock is let go."""
 
     seq: npt.NDArray[np.int64]
     confidence: npt.NDArray[np.float64]
