@@ -134,8 +134,9 @@ class Partitions:
         self.on_generation = on_generation
         # The expiry sweep's runs of batches (sidecar.domain.expiry notes each).
         self.sweeps = SweepRuns()
-        # Labelled child looked up once: every remote write touches it.
+        # Labelled children looked up once: every write touches one.
         self._remote_writes = metrics.snapshot_invalidations.labels("remote_write")
+        self._writes = metrics.snapshot_invalidations.labels("write")
         metrics.partition_cache_bytes.set_function(lambda: self._cache.weight)
 
     def _feed(
@@ -415,7 +416,7 @@ class Partitions:
                 elif changed is not None:
                     self._cache.put(key, changed)
                     self.indexer.maybe_index(key, changed)
-        self._metrics.snapshot_invalidations.labels("write").inc()
+        self._writes.inc()
 
     def swept(self, key: PartitionKey, swept: Swept) -> None:
         """The expiry sweep removed some of the partition's entries (under

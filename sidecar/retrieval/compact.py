@@ -20,7 +20,9 @@ is a tombstone (the generation that removed the entry), so older ones
 still see the entry; an update is a tombstone plus an appended entry with
 the same seq (seq orders ties, so its rank is unchanged). Postings are one
 base segment (CSR: a term's rows are offsets[id]:offsets[id + 1]) built at
-load, plus per-term arrays for what was appended since.
+load, plus per-term arrays for what was appended since: a word's first
+few appended postings as tuples (one allocation-light step per add, and
+immutable, so a reader needs no lock), then numpy buffers with room to grow.
 
 The index is persisted (sidecar.retrieval.index_format; the engine decides when):
 the entries in seq order and a fresh base segment, as of one generation,
@@ -31,7 +33,7 @@ hashed words, the base segment and what was appended since, tombstones),
 the term counts an entry is indexed by, WEIGHTS (a count's BM25 weight),
 and appending to and removing from the shared storage. Must not touch: the
 database (a partition's rows come from the `scan` and `fetch_rows` it is
-given; of the storage layer it uses only Record and record_of), the
+given; of the storage layer it uses only Record), the
 persisted form (sidecar.retrieval.index_format), when to load or persist
 (its callers decide), or ranking: rank() (sidecar.retrieval.ranking)
 reads it as it reads a full partition.
@@ -40,23 +42,24 @@ reads it as it reads a full partition.
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import math
 import threading
-from collections import Counter
-from collections.abc import Callable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.core.clock import from_micros
+from sidecar.core.clock import from_micros, to_micros
 from sidecar.core.memory import Memory, Tier, Usage
 from sidecar.retrieval.keywords import text_terms
 from sidecar.retrieval.partition import K1, B, date_terms
 from sidecar.retrieval.ranking import Postings, top_by_confidence
-from sidecar.storage._statements import Record, record_of
+from sidecar.storage._statements import Record
 
 Int32Array = npt.NDArray[np.int32]
 Int64Array = npt.NDArray[np.int64]
@@ -78,15 +81,58 @@ ALIVE = np.iinfo(np.int64).max
 # A word appended since the base segment: its dict slot, its string, two
 # small arrays and their tuple.
 _APPENDED_TERM_BYTES = 400
+# A word's first appended postings are tuples up to this many (most words
+# appended since the base segment never get more: an id, a uuid's parts),
+# then numpy buffers twice as long. Tuples cost an add no numpy allocation;
+# the weight kept (appended_bytes) counts them as the buffers they replace.
+_SMALL = 8
+_FIRST_CAPACITY = 4
+_MICROS_PER_DAY = 86_400_000_000
+
+# A word's appended postings: (positions, counts) tuples while few, else
+# (positions, counts, filled): buffers of which the first `filled` are set.
+Held = tuple[tuple[int, ...], tuple[int, ...]] | tuple[Int32Array, CountArray, int]
 
 Fetch = Callable[[Tier, str, Sequence[int]], list[Memory]]
+# A slot of Storage's per-entry columns: seq, confidence, recency, category
+# and removed_at.
+_COLUMN_BYTES = sum(
+    np.dtype(t).itemsize for t in (np.int64, np.float64, np.float64, np.int32, np.int64)
+)
 
 
-def term_counts(content: str, created_micros: int) -> Counter[str]:
-    """An entry's terms and how often each occurs (partition.term_weights' counts)."""
-    counts = Counter(text_terms(content))
-    counts.update(date_terms(from_micros(created_micros)))
+def term_counts(content: str, created_micros: int) -> dict[str, int]:
+    """An entry's terms and how often each occurs (partition.term_weights'
+    counts, in the same order: the content's terms first seen first, then
+    its date's)."""
+    counts: dict[str, int] = {}
+    get = counts.get
+    for term in text_terms(content):
+        counts[term] = get(term, 0) + 1
+    # A UTC day lies in one month: its date terms are looked up, not formatted.
+    for term in _day_terms(created_micros // _MICROS_PER_DAY):
+        counts[term] = get(term, 0) + 1
     return counts
+
+
+@functools.lru_cache(maxsize=1024)
+def _day_terms(day: int) -> tuple[str, ...]:
+    """The date terms of entries created on this day (days since the epoch, UTC)."""
+    return tuple(date_terms(from_micros(day * _MICROS_PER_DAY)))
+
+
+def held_postings(held: Held, size: int) -> tuple[Int32Array, CountArray]:
+    """A word's appended postings below position `size`, as arrays."""
+    if len(held) == 2:
+        positions, tally = held
+        visible = bisect_left(positions, size)
+        return (
+            np.array(positions[:visible], dtype=np.int32),
+            np.array(tally[:visible], dtype=np.uint16),
+        )
+    buffer, tallies, filled = held
+    visible = int(np.searchsorted(buffer[:filled], size))
+    return buffer[:visible], tallies[:visible]
 
 
 def word_hash(word: str) -> int:
@@ -166,8 +212,8 @@ class Storage:
         self.offsets: Int64Array = np.zeros(1, dtype=np.int64)
         self.positions: Int32Array = np.empty(0, dtype=np.int32)
         self.counts: CountArray = np.empty(0, dtype=np.uint16)
-        # Appended since: term -> (positions buffer, counts buffer, filled).
-        self.appended: dict[str, tuple[Int32Array, CountArray, int]] = {}
+        # Appended since: term -> its postings (Held).
+        self.appended: dict[str, Held] = {}
         # What `appended` holds, kept up to date (the cache weighs every write).
         self.appended_bytes = 0
         self.npostings = 0
@@ -195,44 +241,91 @@ class Storage:
         return found
 
     def put(self, position: int, record: Record) -> None:
-        self.seq[position] = record.seq
-        self.confidence[position] = record.confidence
-        self.recency[position] = record.updated_at / 1_000_000
-        self.category[position] = self.category_id(record.category)
+        self._place(position, record.seq, record.confidence, record.updated_at, record.category)
+
+    def _place(
+        self, position: int, seq: int, confidence: float, updated_at: int, category: str
+    ) -> None:
+        self.seq[position] = seq
+        self.confidence[position] = confidence
+        self.recency[position] = updated_at / 1_000_000
+        self.category[position] = self.category_id(category)
         self.removed_at[position] = ALIVE
 
-    def append_postings(self, position: int, counts: Counter[str]) -> None:
+    def append(self, position: int, memory: Memory) -> None:
+        """Put a new entry at `position` (there is room) and index it: what
+        put and append_postings do with its record (record_of), with its
+        times converted once when they are the same (a new entry's are)."""
+        created = to_micros(memory.created_at)
+        updated = created if memory.updated_at == memory.created_at else None
+        if updated is None:
+            updated = to_micros(memory.updated_at)
+        self._place(position, memory.seq, memory.confidence, updated, memory.category)
+        self.append_postings(position, term_counts(memory.content, created))
+
+    def append_postings(self, position: int, counts: Mapping[str, int]) -> None:
+        appended = self.appended
+        grown = 0
         for term, count in counts.items():
-            held = self.appended.get(term)
+            if count > MAX_COUNT:
+                count = MAX_COUNT
+            held = appended.get(term)
+            # Each case makes one assignment: a reader sees the old postings
+            # or the new ones, and never a buffer slot change below the
+            # `filled` it was handed (tuples never change).
             if held is None:
-                positions = np.empty(4, dtype=np.int32)
-                tally = np.empty(4, dtype=np.uint16)
-                filled = 0
-            else:
-                positions, tally, filled = held
-                if filled == len(positions):
-                    positions = np.concatenate([positions, np.empty(filled, dtype=np.int32)])
-                    tally = np.concatenate([tally, np.empty(filled, dtype=np.uint16)])
-            if held is None:
-                self.appended_bytes += _APPENDED_TERM_BYTES
-            elif filled == len(held[0]):
-                self.appended_bytes += filled * 6
-            positions[filled] = position
-            tally[filled] = min(count, MAX_COUNT)
-            # One assignment: a reader sees the old triple or the new one.
-            self.appended[term] = (positions, tally, filled + 1)
+                appended[term] = ((position,), (count,))
+                grown += _APPENDED_TERM_BYTES
+                continue
+            if len(held) == 2:
+                positions, tally = held
+                filled = len(positions)
+                if filled < _SMALL:
+                    if filled == _FIRST_CAPACITY:
+                        grown += filled * 6  # the first buffers it stands for doubled
+                    appended[term] = ((*positions, position), (*tally, count))
+                else:
+                    appended[term] = _buffers(positions, tally, position, count)
+                    grown += filled * 6
+                continue
+            buffer, tallies, filled = held
+            if filled == len(buffer):
+                buffer = np.concatenate([buffer, np.empty(filled, dtype=np.int32)])
+                tallies = np.concatenate([tallies, np.empty(filled, dtype=np.uint16)])
+                grown += filled * 6
+            buffer[filled] = position
+            tallies[filled] = count
+            appended[term] = (buffer, tallies, filled + 1)
+        self.appended_bytes += grown
         self.npostings += len(counts)
 
     @property
     def nbytes(self) -> int:
+        # The cache weighs the partition at every write: the columns, which
+        # grow together, are counted by their capacity.
         return (
-            sum(c.nbytes for c in self._columns())
+            len(self.seq) * _COLUMN_BYTES
             + self.positions.nbytes
             + self.counts.nbytes
             + self.offsets.nbytes
             + self.vocabulary.nbytes
             + self.appended_bytes
         )
+
+
+def _buffers(
+    positions: tuple[int, ...], tally: tuple[int, ...], position: int, count: int
+) -> tuple[Int32Array, CountArray, int]:
+    """A word's tuples of postings, full, as buffers twice as long with
+    one more posting."""
+    filled = len(positions)
+    grown_positions = np.empty(2 * filled, dtype=np.int32)
+    grown_tally = np.empty(2 * filled, dtype=np.uint16)
+    grown_positions[:filled] = positions
+    grown_tally[:filled] = tally
+    grown_positions[filled] = position
+    grown_tally[filled] = count
+    return grown_positions, grown_tally, filled + 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -386,9 +479,7 @@ class CompactPartition:
             size = self.size
             if memory is not None:
                 storage.grow(size + 1)
-                record = record_of(memory)
-                storage.put(size, record)
-                storage.append_postings(size, term_counts(record.content, record.created_at))
+                storage.append(size, memory)
                 size += 1
                 count += 1
             storage.size, storage.generation = size, generation
@@ -451,9 +542,7 @@ class CompactPartition:
             parts.append((storage.positions[start:end], storage.counts[start:end]))
         held = storage.appended.get(term)
         if held is not None:
-            positions, tally, filled = held
-            visible = int(np.searchsorted(positions[:filled], self.size))
-            parts.append((positions[:visible], tally[:visible]))
+            parts.append(held_postings(held, self.size))
         if not parts:
             return None
         if len(parts) == 1:

@@ -45,8 +45,10 @@ from sidecar.retrieval.compact import (
     ALIVE,
     CompactPartition,
     Fetch,
+    Held,
     Storage,
     Vocabulary,
+    held_postings,
     make_segment,
     term_counts,
 )
@@ -122,9 +124,9 @@ class _Snapshot(NamedTuple):
     under the storage's lock (writers change `appended`, the categories and
     the tombstones under it, from request threads): the dict and list are
     copied, the arrays only referenced. Positions below the partition's
-    size are never written again, a word's appended arrays only past each
-    tuple's `filled`, and the base segment is never replaced in a storage
-    in use, so the heavy work reads them after the lock is let go."""
+    size are never written again, a word's appended buffers only past each
+    `filled` (its tuples never), and the base segment is never replaced in
+    a storage in use, so the heavy work reads them after the lock is let go."""
 
     seq: npt.NDArray[np.int64]
     confidence: npt.NDArray[np.float64]
@@ -133,7 +135,7 @@ class _Snapshot(NamedTuple):
     # Which positions the partition holds (None: all of them).
     alive: npt.NDArray[np.bool_] | None
     names: list[str]
-    appended: dict[str, tuple[npt.NDArray[np.int32], npt.NDArray[np.uint16], int]]
+    appended: dict[str, Held]
     base: Storage
     # Nothing written since the base segment was built.
     untouched: bool
@@ -180,17 +182,17 @@ def to_bytes(partition: CompactPartition) -> bytes:
         np.arange(len(words), dtype=np.int32), np.diff(base.offsets).astype(np.int64)
     )
     id_parts, position_parts, count_parts = [base_ids], [base.positions], [base.counts]
-    for word, (held, tally, filled) in snapshot.appended.items():
-        visible = int(np.searchsorted(held[:filled], size))
+    for word, held in snapshot.appended.items():
         term_id = base.vocabulary.get(word)
         if term_id is None:
             term_id = known.get(word)
             if term_id is None:
                 term_id = known[word] = len(words)
                 words.append(word)
-        id_parts.append(np.full(visible, term_id, dtype=np.int32))
-        position_parts.append(held[:visible])
-        count_parts.append(tally[:visible])
+        positions, tally = held_postings(held, size)
+        id_parts.append(np.full(len(positions), term_id, dtype=np.int32))
+        position_parts.append(positions)
+        count_parts.append(tally)
     remapped = moved[np.concatenate(position_parts)]
     keep = remapped >= 0
     ids = np.concatenate(id_parts)[keep]
