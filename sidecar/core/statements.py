@@ -99,9 +99,23 @@ class StatementTally(Collector):
     def _join(self) -> _Tally:
         tally = _Tally(len(self._kinds), len(self._bounds) + 1, threading.current_thread())
         with self._lock:
+            # Threads that come and go (an index save's) leave nothing behind
+            # even when nothing scrapes.
+            self._fold_finished()
             self._tallies.append(tally)
         self._local.tally = tally
         return tally
+
+    def _fold_finished(self) -> None:
+        """Fold the counts of threads that have ended (they write no more)
+        into one list for good. Under the lock."""
+        running = []
+        for tally in self._tallies:
+            if tally.thread is not None and tally.thread.is_alive():
+                running.append(tally)
+            else:
+                self._finished.fold(tally)
+        self._tallies = running
 
     def _classify(self, sql: str) -> int:
         head = sql.lstrip().split(None, 1)
@@ -111,20 +125,12 @@ class StatementTally(Collector):
         return kind
 
     def _summed(self) -> _Tally:
-        """Every thread's counts added up; a finished thread's are folded
-        into one list for good (it writes no more), so threads that come
-        and go leave nothing behind."""
+        """Every thread's counts added up."""
         total = _Tally(len(self._kinds), len(self._bounds) + 1, None)
         with self._lock:
-            running = []
-            for tally in self._tallies:
-                if tally.thread is not None and tally.thread.is_alive():
-                    running.append(tally)
-                else:
-                    self._finished.fold(tally)
-            self._tallies = running
+            self._fold_finished()
             total.fold(self._finished)
-            for tally in running:
+            for tally in self._tallies:
                 total.fold(tally)
         return total
 

@@ -84,6 +84,18 @@ def test_counts_are_exact_across_threads_that_end() -> None:
     assert len(tally._tallies) == 0  # nothing is kept of ended threads
 
 
+def test_ended_threads_are_folded_in_without_a_scrape() -> None:
+    tally = StatementTally(("q", "Statements."), ("q_seconds", "Time."), KINDS, BOUNDS)
+    for _ in range(50):
+        thread = threading.Thread(target=tally.observe, args=("SELECT 1", 0.0))
+        thread.start()
+        thread.join()
+    assert len(tally._tallies) == 1  # the last one's, folded when the next thread comes
+    registry = CollectorRegistry()
+    registry.register(tally)
+    assert registry.get_sample_value("q_total", {"operation": "select"}) == 50
+
+
 def test_metrics_export_the_store_statements_under_their_names() -> None:
     metrics = Metrics()
     metrics.db_query("SELECT seq FROM memories", 0.0002)
