@@ -12,7 +12,7 @@ section is a module of its own (bench/turns.py for 1-2 ... bench/expiry_sweep.py
 bench/exports.py for 21, bench/watch_delay.py for 22, bench/read_your_writes.py for 23,
 bench/agent_notes.py for 24, bench/mcp_sessions.py for 25, bench/client_overhead.py
 for 26, with bench/client_probes.py for its Go and TypeScript rows, bench/write_groups.py
-for 27, bench/encoder_speed.py for 28),
+for 27, with bench/bare_server.py for its ceiling row, bench/encoder_speed.py for 28),
 measuring with bench/measure.py; bench/report.py writes the report.
 """
 
