@@ -94,6 +94,16 @@ def row_count(running: Running) -> int:
         return int(db.execute_sql("SELECT COUNT(*) FROM memories").fetchone()[0])
 
 
+def _facts_and_briefs(running: Running, briefs: int) -> list[pb.AddMemoryResponse]:
+    """Five standing facts, then `briefs` briefs expiring after TTL (their answers)."""
+    for i in range(5):
+        running.add(f"Standing fact number {i} about the staging cluster", scope=SCOPE)
+    return [
+        running.add(f"Brief {i}: the staging cluster is down", scope=SCOPE, ttl_seconds=TTL)
+        for i in range(briefs)
+    ]
+
+
 @pytest.mark.parametrize("refresh", ["on_write", "on_compaction"])
 def test_an_expired_entry_leaves_the_frozen_block_without_any_write(
     clock: WallClock, make_sidecar: MakeSidecar, refresh: str
@@ -410,12 +420,7 @@ def test_a_sweep_of_hidden_entries_keeps_frozen_blocks_and_tells_watchers_and_re
     settings = "defaults: {memory_char_limit: 0}"
     a = make_sidecar(settings, expiry_sweep_batch=2, **server, **NO_SWEEP, **NO_GRACE)
     b = make_sidecar(settings, **server, **NO_SWEEP, **NO_GRACE)
-    for i in range(5):
-        a.add(f"Standing fact number {i} about the staging cluster", scope=SCOPE)
-    briefs = [
-        a.add(f"Brief {i}: the staging cluster is down", scope=SCOPE, ttl_seconds=TTL)
-        for i in range(5)
-    ]
+    briefs = _facts_and_briefs(a, 5)
     gone = {brief.memory.id for brief in briefs}
     watcher = Watcher(a.stub, scope=SCOPE)
     assert watcher.next().kind == pb.MemoryEvent.KIND_SYNC
@@ -539,12 +544,7 @@ def test_a_turn_during_a_sweep_batch_reads_the_tier_before_it_without_waiting(
     sidecar = make_sidecar(
         "defaults: {memory_char_limit: 0}", compact_tier_entries=4, **NO_SWEEP, **NO_GRACE
     )
-    for i in range(5):
-        sidecar.add(f"Standing fact number {i} about the staging cluster", scope=SCOPE)
-    briefs = [
-        sidecar.add(f"Brief {i}: the staging cluster is down", scope=SCOPE, ttl_seconds=TTL)
-        for i in range(3)
-    ]
+    briefs = _facts_and_briefs(sidecar, 3)
     gone = {brief.memory.id for brief in briefs}
     wait_past(clock, briefs[-1])
     first = sidecar.turn("s", "staging", scope=SCOPE)
